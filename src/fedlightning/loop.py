@@ -1,0 +1,468 @@
+"""FederatedLoop: sample clients, dispatch, fit each with a lean Lightning Trainer, aggregate,
+evaluate, log and checkpoint; the LightningCLI ``trainer_class`` (config key ``loop``).
+
+The loop knows the payload/upload contract (:mod:`fedlightning.protocol`) and nothing of what a
+client objective optimises or how an aggregator combines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+import traceback
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.seed import seed_everything
+from lightning.pytorch.loggers import CSVLogger, Logger
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedlightning.clients.base import ClientModule
+from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.data.loader import TensorBatches
+from fedlightning.errors import ConfigurationError
+from fedlightning.protocol import Payload, Upload
+from fedlightning.seeding import derive_seed
+from fedlightning.server.base import Aggregator
+from fedlightning.server.fedavg import FedAvg
+from fedlightning.state import ClientStore
+
+log = logging.getLogger("fedlightning")
+
+CHECKPOINT_FORMAT = "fedlightning-checkpoint-1"
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true")
+
+
+def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
+    """The clients of round ``round_index``: ``per_round`` distinct ids drawn uniformly without
+    replacement from a generator seeded by ``(seed, round_index)`` only, in draw order."""
+    gen = torch.Generator().manual_seed(derive_seed(seed, "sample", round_index))
+    return torch.randperm(num_clients, generator=gen)[:per_round].tolist()
+
+
+class FederatedLoop:
+    """Runs federated training rounds.
+
+    Each round ``r`` (0-based): sample ``clients_per_round`` clients from ``(seed, r)``; ask the
+    aggregator for their payloads; fit each client's module for ``local_epochs`` epochs (or
+    ``local_steps`` optimizer steps) with a Trainer that has no logger, checkpointing, progress bar
+    or sanity check, seeded from ``(seed, r, client)``; aggregate the successful uploads; every
+    ``eval_every`` rounds evaluate the deployable model(s) on the global test set and on every
+    client's validation split; log; checkpoint atomically.
+
+    Args:
+        rounds: number of communication rounds R.
+        clients_per_round: clients sampled per round, an int K or a fraction of ``num_clients``.
+        local_epochs: local epochs E per client fit.
+        local_steps: if set, train exactly this many optimizer steps per fit instead of epochs.
+        aggregator: the server algorithm (default ``FedAvg()``).
+        precision: Lightning precision of every client fit and evaluation.
+        accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...).
+        devices: devices per client fit (one; several GPUs are reached through a backend).
+        seed: seeds sampling, client fits, model initialisation (CLI) and the partition.
+        eval_every: evaluate every this many rounds (and always after the last round).
+        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt`` and
+            ``global.pt`` go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
+        checkpoint_every: write ``last.ckpt`` every this many rounds (and after the last round).
+        min_clients: a round aggregates only if at least this many uploads succeed.
+        on_round_failure: ``skip`` the aggregation of a round with fewer than ``min_clients``
+            successful uploads (the server state stays as it was), or ``stop`` the run.
+        wandb: also log to Weights & Biases (offline unless ``WANDB_API_KEY`` is set).
+        wandb_project, wandb_group, wandb_tags, wandb_name: W&B run settings.
+        progress_bar: show a rich progress bar over rounds.
+        callbacks: accepted for LightningCLI compatibility; client fits use no callbacks.
+    """
+
+    def __init__(
+        self,
+        rounds: int = 10,
+        clients_per_round: int | float = 10,
+        local_epochs: int = 1,
+        local_steps: int | None = None,
+        aggregator: Aggregator | None = None,
+        precision: Literal["32-true", "32", "bf16-mixed", "16-mixed", "64-true"] = "32-true",
+        accelerator: str = "auto",
+        devices: int = 1,
+        seed: int = 0,
+        eval_every: int = 1,
+        run_dir: str | None = None,
+        checkpoint_every: int = 1,
+        min_clients: int = 1,
+        on_round_failure: Literal["skip", "stop"] = "skip",
+        wandb: bool = False,
+        wandb_project: str = "fedlightning",
+        wandb_group: str | None = None,
+        wandb_tags: list[str] | None = None,
+        wandb_name: str | None = None,
+        progress_bar: bool = True,
+        callbacks: Any = None,
+    ) -> None:
+        _require(rounds >= 1, "rounds", rounds, "an integer >= 1")
+        _require(
+            clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
+            "clients_per_round", clients_per_round, "an integer >= 1 or a fraction in (0, 1]",
+        )  # fmt: skip
+        _require(local_epochs >= 1, "local_epochs", local_epochs, "an integer >= 1")
+        _require(local_steps is None or local_steps >= 1, "local_steps", local_steps, "null or an integer >= 1")
+        _require(precision in PRECISIONS, "precision", precision, f"one of {', '.join(PRECISIONS)}")
+        _require(devices == 1, "devices", devices, "1 (each client fit uses one device)")
+        _require(eval_every >= 1, "eval_every", eval_every, "an integer >= 1")
+        _require(checkpoint_every >= 1, "checkpoint_every", checkpoint_every, "an integer >= 1")
+        _require(min_clients >= 1, "min_clients", min_clients, "an integer >= 1")
+        _require(on_round_failure in ("skip", "stop"), "on_round_failure", on_round_failure, "'skip' or 'stop'")
+        self.rounds = rounds
+        self.clients_per_round = clients_per_round
+        self.local_epochs = local_epochs
+        self.local_steps = local_steps
+        self.aggregator = aggregator if aggregator is not None else FedAvg()
+        self.precision = precision
+        self.accelerator = accelerator
+        self.devices = devices
+        self.seed = seed
+        self.eval_every = eval_every
+        self.run_dir = Path(run_dir if run_dir is not None else "runs/run")
+        self.checkpoint_every = checkpoint_every
+        self.min_clients = min_clients
+        self.on_round_failure = on_round_failure
+        self.wandb = wandb
+        self.wandb_settings = dict(project=wandb_project, group=wandb_group, tags=wandb_tags, name=wandb_name)
+        self.progress_bar = progress_bar
+        self.store = ClientStore()
+        self.history: list[dict[str, float]] = []
+        self.loggers: list[Logger] = []
+        self.console = Console(stderr=True)
+
+    # -- public API -----------------------------------------------------------------------------
+    def fit(
+        self,
+        model: ClientModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: FederatedDataModule | None = None,
+        ckpt_path: str | None = None,
+    ) -> dict[str, float]:
+        """Run federated training of ``model`` on ``datamodule``; resume from ``ckpt_path`` if given.
+
+        Returns the last evaluated metrics.
+        """
+        if datamodule is None or train_dataloaders is not None or val_dataloaders is not None:
+            raise ConfigurationError("FederatedLoop.fit needs a FederatedDataModule as `datamodule`")
+        datamodule.setup("fit")
+        per_round = self.resolve_clients_per_round(datamodule.num_clients)
+        self._check_pairing(model)
+        with _quiet_lightning():
+            return self._run(model, datamodule, per_round, ckpt_path)
+
+    def resolve_clients_per_round(self, num_clients: int) -> int:
+        """K from ``clients_per_round`` (an int, or a fraction of N rounded up)."""
+        value = self.clients_per_round
+        per_round = math.ceil(value * num_clients) if isinstance(value, float) else value
+        if per_round > num_clients:
+            raise ConfigurationError(
+                f"clients_per_round={value} exceeds num_clients={num_clients}: choose at most {num_clients}"
+            )
+        if self.min_clients > per_round:
+            raise ConfigurationError(
+                f"min_clients={self.min_clients} exceeds clients_per_round={per_round}: choose at most {per_round}"
+            )
+        return per_round
+
+    # -- the rounds -----------------------------------------------------------------------------
+    def _run(self, model: ClientModule, dm: FederatedDataModule, per_round: int, ckpt_path: str | None) -> dict[str, float]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        dm.save_partition(self.run_dir / "partition.csv")
+        initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
+        self.aggregator.setup(initial, dm.num_clients)
+        start_round, wandb_id = 0, None
+        if ckpt_path:
+            start_round, wandb_id = self._restore(ckpt_path, dm)
+        self._open_loggers(wandb_id)
+        metrics: dict[str, float] = self.history[-1] if self.history else {}
+        started = time.perf_counter()
+        with self._progress(start_round) as (progress, task):
+            for r in range(start_round, self.rounds):
+                round_start = time.perf_counter()
+                client_ids = sample_clients(self.seed, r, dm.num_clients, per_round)
+                payloads = self.aggregator.configure_round(r, client_ids)
+                uploads, failed, rejected = self._fit_clients(model, dm, r, client_ids, payloads)
+                if len(uploads) >= self.min_clients:
+                    self.aggregator.aggregate(r, uploads)
+                elif self.on_round_failure == "stop":
+                    raise RuntimeError(
+                        f"round {r + 1}: only {len(uploads)} of {per_round} clients succeeded "
+                        f"(min_clients={self.min_clients}); stopping as on_round_failure='stop'"
+                    )
+                else:
+                    log.warning(
+                        "round %d: only %d of %d clients succeeded (min_clients=%d): aggregation skipped",
+                        r + 1, len(uploads), per_round, self.min_clients,
+                    )  # fmt: skip
+                last = r == self.rounds - 1
+                if (r + 1) % self.eval_every == 0 or last:
+                    metrics = {"round": r + 1, **self._evaluate(model, dm)}
+                    metrics["train_loss"] = _mean([u.metrics.get("train_loss", math.nan) for u in uploads])
+                    metrics["clients_failed"] = len(failed)
+                    metrics["clients_rejected"] = len(rejected)
+                    metrics["round_time_s"] = time.perf_counter() - round_start
+                    self._log(metrics)
+                if (r + 1) % self.checkpoint_every == 0 or last:
+                    self._save_checkpoint(r + 1, dm)
+                progress.update(task, advance=1, description=_describe(metrics))
+        torch.save(self.aggregator.global_state(), self.run_dir / "global.pt")
+        self._close_loggers()
+        elapsed = time.perf_counter() - started
+        if "test_acc" in metrics:
+            self.console.print(
+                f"[bold]done[/]: round {metrics['round']}/{self.rounds}, test_acc {metrics['test_acc']:.4f}, "
+                f"{elapsed:.1f} s; run directory {self.run_dir}"
+            )
+        return metrics
+
+    def _fit_clients(
+        self, model: ClientModule, dm: FederatedDataModule, r: int, client_ids: Sequence[int], payloads: dict[int, Payload]
+    ) -> tuple[list[Upload], list[int], list[int]]:
+        """Fit every sampled client; a client that raises or uploads non-finite values is left out."""
+        uploads: list[Upload] = []
+        failed: list[int] = []
+        rejected: list[int] = []
+        for cid in client_ids:
+            try:
+                upload, new_state = self._fit_client(model, dm, r, cid, payloads[cid])
+            except (ConfigurationError, KeyboardInterrupt):
+                raise
+            except Exception:  # a failed client never loses the run
+                log.error("round %d: client %d failed and is left out:\n%s", r + 1, cid, traceback.format_exc())
+                failed.append(cid)
+                continue
+            if not _all_finite(upload):
+                log.warning("round %d: client %d uploaded NaN/Inf values and is left out", r + 1, cid)
+                rejected.append(cid)
+                continue
+            self.store.put(cid, new_state)
+            uploads.append(upload)
+        return uploads, failed, rejected
+
+    def _fit_client(
+        self, model: ClientModule, dm: FederatedDataModule, r: int, cid: int, payload: Payload
+    ) -> tuple[Upload, dict[str, Any]]:
+        fit_seed = derive_seed(self.seed, "fit", r, cid)
+        seed_everything(fit_seed % (2**32), verbose=False)
+        model.begin_client(cid, payload, self.store.get(cid))
+        trainer = self._trainer(
+            max_epochs=-1 if self.local_steps else self.local_epochs,
+            max_steps=self.local_steps or -1,
+            limit_val_batches=0,
+        )
+        trainer.fit(model, train_dataloaders=dm.client_train_dataloader(cid, fit_seed))
+        weights, extras, new_state = model.end_client()
+        upload = Upload(
+            client_id=cid,
+            weights=weights,
+            num_samples=dm.client_num_samples(cid),
+            num_steps=trainer.global_step,
+            extras=extras,
+            model_index=payload.model_index,
+            metrics=model.client_metrics(),
+        )
+        return upload, new_state
+
+    def _trainer(self, **kwargs: Any) -> pl.Trainer:
+        return pl.Trainer(
+            accelerator=self.accelerator,
+            devices=self.devices,
+            precision=self.precision,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            use_distributed_sampler=False,
+            **kwargs,
+        )
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def _evaluate(self, model: ClientModule, dm: FederatedDataModule) -> dict[str, float]:
+        """Each deployable model on the global test set (``test_acc``, ``test_loss``; other models
+        prefixed by their name) and the global model's mean client validation accuracy (``val_acc``)."""
+        results: dict[str, float] = {}
+        trainer = self._trainer()
+        for name, weights in self.aggregator.deployables().items():
+            model.load_network_state(weights)
+            prefix = "" if name == "global" else f"{name}/"
+            for key, value in trainer.test(model, dataloaders=dm.test_dataloader(), verbose=False)[0].items():
+                results[prefix + key] = float(value)
+        model.load_network_state(self.aggregator.global_state())
+        x, y, owner = dm.client_val_data()
+        if len(y):
+            batches = _TripleBatches(x, y, owner, dm.eval_batch_size)
+            results.update({k: float(v) for k, v in trainer.validate(model, dataloaders=batches, verbose=False)[0].items()})
+        return results
+
+    # -- logging --------------------------------------------------------------------------------
+    def _open_loggers(self, wandb_id: str | None) -> None:
+        self.loggers = [CSVLogger(save_dir=str(self.run_dir), name="", version="")]
+        for row in self.history:  # a resumed run rewrites the rows up to its checkpoint
+            self.loggers[0].log_metrics(row, step=int(row["round"]))
+        if self.wandb:
+            from fedlightning.tracking import make_wandb_logger
+
+            self.loggers.append(make_wandb_logger(self.run_dir, wandb_id, **self.wandb_settings))
+        for logger in self.loggers:
+            logger.save()
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        self.history.append(metrics)
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=int(metrics["round"]))
+            logger.save()
+
+    def _close_loggers(self) -> None:
+        for logger in self.loggers:
+            logger.finalize("success")
+
+    def _wandb_id(self) -> str | None:
+        for logger in self.loggers:
+            if logger.__class__.__name__ == "WandbLogger":
+                return logger.version
+        return None
+
+    @contextmanager
+    def _progress(self, start_round: int):
+        progress = Progress(
+            TextColumn("[bold]rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), console=self.console, disable=not self.progress_bar,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("", total=self.rounds, completed=start_round)
+            yield progress, task
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _save_checkpoint(self, rounds_done: int, dm: FederatedDataModule) -> None:
+        checkpoint = {
+            "format": CHECKPOINT_FORMAT,
+            "round": rounds_done,
+            "seed": self.seed,
+            "num_clients": dm.num_clients,
+            "partition_hash": dm.partition_hash(),
+            "aggregator": self.aggregator.state_dict(),
+            "clients": self.store.state_dict(),
+            "history": self.history,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "wandb_id": self._wandb_id(),
+        }
+        atomic_save(checkpoint, self.run_dir / "last.ckpt")
+
+    def _restore(self, ckpt_path: str, dm: FederatedDataModule) -> tuple[int, str | None]:
+        path = Path(ckpt_path)
+        if not path.is_file():
+            raise ConfigurationError(f"ckpt_path={ckpt_path!r} does not exist")
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigurationError(f"ckpt_path={ckpt_path!r} is not a fedlightning checkpoint")
+        if checkpoint["seed"] != self.seed or checkpoint["partition_hash"] != dm.partition_hash():
+            raise ConfigurationError(
+                f"ckpt_path={ckpt_path!r} was written with seed {checkpoint['seed']} and another data "
+                f"partition than this run (seed {self.seed}): resume with the same data and seed"
+            )
+        self.aggregator.load_state_dict(checkpoint["aggregator"])
+        self.store.load_state_dict(checkpoint["clients"])
+        self.history = list(checkpoint["history"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        random.setstate(_as_tuple(checkpoint["rng"]["python"]))
+        rounds_done = int(checkpoint["round"])
+        if rounds_done >= self.rounds:
+            log.warning("checkpoint has %d rounds done, loop.rounds=%d: nothing left to train", rounds_done, self.rounds)
+        return rounds_done, checkpoint.get("wandb_id")
+
+    def _check_pairing(self, model: ClientModule) -> None:
+        """Refuse a client objective and aggregator that do not fit each other."""
+        agg, objective = type(self.aggregator).__name__, type(model).__name__
+        missing = model.required_payload_extras - self.aggregator.payload_extras
+        if missing:
+            raise ConfigurationError(
+                f"client objective {objective} needs {sorted(missing)} from the server, which aggregator "
+                f"{agg} does not send: pair it with its own aggregator"
+            )
+        missing = self.aggregator.required_upload_extras - model.upload_extras
+        if missing:
+            raise ConfigurationError(
+                f"aggregator {agg} needs {sorted(missing)} in each upload, which client objective "
+                f"{objective} does not produce: pair it with its own client objective"
+            )
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``:
+    a reader (or a run killed mid-write) sees either the old file or the new one, never a torn one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class _TripleBatches(TensorBatches):
+    """``(x, y, client_id)`` batches over all clients' validation samples."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, batch_size: int) -> None:
+        super().__init__(x, y, batch_size)
+        self.owner = owner
+
+    def __iter__(self):
+        for start in range(0, len(self.y), self.batch_size):
+            end = start + self.batch_size
+            yield self.x[start:end], self.y[start:end], self.owner[start:end]
+
+
+def _require(ok: bool, option: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigurationError(f"loop.{option}={value!r} is not allowed: expected {allowed}")
+
+
+def _all_finite(upload: Upload) -> bool:
+    tensors = [*upload.weights.values()] + [v for v in upload.extras.values() if isinstance(v, torch.Tensor)]
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+def _mean(values: Sequence[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _describe(metrics: dict[str, float]) -> str:
+    return f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else ""
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+@contextmanager
+def _quiet_lightning():
+    """Silence Lightning's per-Trainer banners and hints: a run builds hundreds of Trainers."""
+    names = ["lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda", "lightning.fabric"]
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        warnings.filterwarnings("ignore", message=".*Experiment logs directory.*")
+        warnings.filterwarnings("ignore", message=".*You defined a `validation_step` but have no `val_dataloader`.*")
+        warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)

@@ -1,0 +1,67 @@
+"""Server maths as pure functions over state_dicts (``dict[str, Tensor]``); no Lightning, no state.
+
+Floating-point entries are combined in float64 and cast back to their dtype, so the result does not
+depend on the order of accumulation more than one rounding. Integer entries (BatchNorm's
+``num_batches_tracked``) are never averaged into floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from fedlightning.protocol import StateDict
+
+
+def clone_state(state: StateDict) -> StateDict:
+    """A detached, contiguous CPU copy of ``state`` (own storage per tensor)."""
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+
+
+def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
+    """``sum_i (w_i / sum_j w_j) * state_i`` for floating entries.
+
+    Integer entries are taken from the first state (ALGORITHMS.md 2.1: taken from one client,
+    never averaged as floats). All states must have the same keys and shapes.
+    """
+    if not states:
+        raise ValueError("weighted_average needs at least one state_dict")
+    if len(states) != len(weights):
+        raise ValueError(f"{len(states)} state_dicts but {len(weights)} weights")
+    total = float(sum(weights))
+    if not total > 0:
+        raise ValueError(f"weights must sum to a positive number, got {list(weights)}")
+    coefficients = [float(w) / total for w in weights]
+    keys = list(states[0])
+    for state in states[1:]:
+        if list(state) != keys:
+            missing = set(keys) ^ set(state)
+            raise ValueError(f"state_dicts have different keys: {sorted(missing)[:5]}")
+    out: StateDict = {}
+    for key in keys:
+        first = states[0][key]
+        if not first.is_floating_point():
+            out[key] = first.detach().to("cpu", copy=True)
+            continue
+        acc = torch.zeros(first.shape, dtype=torch.float64)
+        for coefficient, state in zip(coefficients, states, strict=True):
+            acc.add_(state[key].detach().to("cpu", torch.float64), alpha=coefficient)
+        out[key] = acc.to(first.dtype)
+    return out
+
+
+def uniform_average(states: Sequence[StateDict]) -> StateDict:
+    """The plain mean ``(1/K) sum_i state_i`` (integer entries from the first state)."""
+    return weighted_average(states, [1.0] * len(states))
+
+
+def float_keys(state: StateDict) -> list[str]:
+    """Names of the floating-point entries (parameters and float buffers)."""
+    return [k for k, v in state.items() if v.is_floating_point()]
+
+
+def subtract(a: StateDict, b: StateDict) -> StateDict:
+    """``a - b`` on the floating entries of ``a``."""
+    return {k: a[k] - b[k] for k in float_keys(a)}

@@ -1,0 +1,47 @@
+"""Weights & Biases tracking through Lightning's WandbLogger; offline unless an API key is set."""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+from pathlib import Path
+
+from lightning.pytorch.loggers import WandbLogger
+
+log = logging.getLogger("fedlightning")
+
+
+def wandb_api_key_available() -> bool:
+    """True when ``WANDB_API_KEY`` is set or ``~/.netrc`` holds credentials for api.wandb.ai."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def make_wandb_logger(
+    run_dir: Path,
+    run_id: str | None,
+    project: str,
+    group: str | None = None,
+    tags: list[str] | None = None,
+    name: str | None = None,
+) -> WandbLogger:
+    """A WandbLogger writing under ``run_dir``; a resumed run passes its stored ``run_id`` to continue it."""
+    offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_api_key_available()
+    logger = WandbLogger(
+        project=project,
+        group=group,
+        tags=tags,
+        name=name or Path(run_dir).name,
+        save_dir=str(run_dir),
+        offline=offline,
+        id=run_id,
+        resume="allow" if run_id else None,
+    )
+    if offline:
+        log.warning("W&B logs offline (no API key); sync later with: wandb sync %s/wandb/offline-run-*", run_dir)
+    return logger
