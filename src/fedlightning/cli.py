@@ -91,9 +91,23 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of the ``fedlightning`` command."""
     try:
         FederatedCLI(args=args)
-    except ConfigurationError as err:
-        print(f"fedlightning: error: {err}", file=sys.stderr)
+    except Exception as err:
+        cause = _configuration_error(err)
+        if cause is None:
+            raise
+        print(f"fedlightning: error: {cause}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _configuration_error(err: BaseException | None) -> ConfigurationError | None:
+    """The ConfigurationError behind ``err`` (jsonargparse wraps errors raised while instantiating)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, ConfigurationError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 if __name__ == "__main__":

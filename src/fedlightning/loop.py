@@ -79,7 +79,6 @@ class FederatedLoop:
         wandb: also log to Weights & Biases (offline unless ``WANDB_API_KEY`` is set).
         wandb_project, wandb_group, wandb_tags, wandb_name: W&B run settings.
         progress_bar: show a rich progress bar over rounds.
-        callbacks: accepted for LightningCLI compatibility; client fits use no callbacks.
     """
 
     def __init__(
@@ -104,7 +103,6 @@ class FederatedLoop:
         wandb_tags: list[str] | None = None,
         wandb_name: str | None = None,
         progress_bar: bool = True,
-        callbacks: Any = None,
     ) -> None:
         _require(rounds >= 1, "rounds", rounds, "an integer >= 1")
         _require(

@@ -1,0 +1,36 @@
+# fedlightning developer commands. `make help` lists them.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help install demo test test-all bench lint clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools; idempotent
+
+demo: install  ## federated training on the bundled digits data (offline, about a minute)
+	$(VENV)/bin/fedlightning fit --config configs/quickstart.yaml
+
+test: install  ## the test suite (CPU, tiny data, a few minutes)
+	$(PY) -m pytest
+
+test-all: install  ## the test suite including tests marked slow
+	$(PY) -m pytest -m "slow or not slow"
+
+bench: install  ## loop overhead against a hand-written PyTorch loop
+	$(PY) benchmarks/overhead.py
+
+lint: install  ## ruff lint and format check
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+clean:  ## remove the virtual environment and run outputs
+	rm -rf $(VENV) runs

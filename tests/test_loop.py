@@ -1,0 +1,139 @@
+"""End-to-end runs through the CLI on tiny data."""
+
+import csv
+
+import pytest
+import torch
+
+from fedlightning import ClientModule, FedAvg, FederatedDataModule, FederatedLoop, create_model
+from fedlightning.errors import ConfigurationError
+from fedlightning.loop import sample_clients
+
+
+def test_cli_run_learns_and_writes_the_run_directory(cli, tmp_path):
+    rows = cli(tmp_path / "run")
+    assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]
+    accuracies = [float(r["test_acc"]) for r in rows]
+    assert all(0.0 <= a <= 1.0 for a in accuracies)
+    assert accuracies[-1] > 0.6  # chance is 0.1 on 10 digit classes
+    assert 0.0 <= float(rows[-1]["val_acc"]) <= 1.0
+    run = tmp_path / "run"
+    assert "network:" in (run / "config.yaml").read_text()
+    with open(run / "partition.csv") as handle:
+        table = list(csv.reader(handle))
+    assert table[0][:2] == ["client", "class_0"] and len(table) == 1 + 8
+    state = torch.load(run / "global.pt", weights_only=True)
+    model = create_model("mlp", num_classes=10, in_channels=1, image_size=8, hidden=[64])
+    model.load_state_dict(state)  # a plain state_dict of the network
+    assert torch.load(run / "last.ckpt", weights_only=True)["round"] == 4
+
+
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(cli, tmp_path):
+    cli(tmp_path / "straight", "--loop.rounds", "4")
+    cli(tmp_path / "resumed", "--loop.rounds", "2")
+    rows = cli(tmp_path / "resumed", "--loop.rounds", "4", "--ckpt_path", str(tmp_path / "resumed" / "last.ckpt"))
+    assert (tmp_path / "straight" / "global.pt").read_bytes() == (tmp_path / "resumed" / "global.pt").read_bytes()
+    assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]  # metrics.csv continues, no rows lost
+
+
+def test_same_seed_same_result_other_seed_differs(cli, tmp_path):
+    for name, seed in (("a", "3"), ("b", "3"), ("c", "4")):
+        cli(tmp_path / name, "--loop.rounds", "2", "--loop.seed", seed)
+    read = lambda name: (tmp_path / name / "global.pt").read_bytes()  # noqa: E731
+    assert read("a") == read("b")
+    assert read("a") != read("c")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--loop.clients_per_round", "9"], "clients_per_round=9 exceeds num_clients=8"),
+        (["--loop.min_clients", "5"], "min_clients=5 exceeds clients_per_round=4"),
+        (["--data.dataset", "imagenet"], "unknown data set 'imagenet'"),
+        (["--data.dataset", "cifar10", "--data.root", "/nonexistent"], "cifar10.*not found under root"),
+        (["--data.beta", "0"], "beta must be > 0"),
+        (["--loop.rounds", "0"], "loop.rounds=0"),
+        (["--model.init_args.network", "nope"], "unknown model 'nope'"),
+        (["--model.init_args.lr", "-1"], "lr must be > 0"),
+    ],
+)
+def test_bad_input_exits_with_a_clear_message_before_training(cli, tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        cli(tmp_path / "bad", *args)
+    assert exit_info.value.code == 2
+    import re
+
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "bad" / "metrics.csv").exists() and not (tmp_path / "bad" / "last.ckpt").exists()
+
+
+def test_sampling_depends_only_on_seed_and_round():
+    assert sample_clients(0, 5, 20, 10) == sample_clients(0, 5, 20, 10)
+    assert sample_clients(0, 5, 20, 10) != sample_clients(0, 6, 20, 10)
+    assert len(set(sample_clients(1, 0, 20, 20))) == 20
+
+
+class FlakyClients(ClientModule):
+    """Client 0 raises, client 1 uploads NaN: both must be left out without losing the run."""
+
+    def training_step(self, batch, batch_idx):
+        if self.client_id == 0:
+            raise RuntimeError("simulated client crash")
+        return super().training_step(batch, batch_idx)
+
+    def end_client(self):
+        weights, extras, state = super().end_client()
+        if self.client_id == 1:
+            weights = {k: v.float().fill_(float("nan")) if v.is_floating_point() else v for k, v in weights.items()}
+        return weights, extras, state
+
+
+def _tiny(**loop_kwargs):
+    dm = FederatedDataModule(dataset="synthetic", num_samples=240, num_test=60, num_classes=3, sample_shape=(6,), num_clients=4, partition="iid")
+    return dm, FederatedLoop(progress_bar=False, **loop_kwargs)
+
+
+def test_failed_and_non_finite_clients_are_left_out(tmp_path):
+    dm, loop = _tiny(rounds=2, clients_per_round=4, run_dir=str(tmp_path))
+    model = FlakyClients(network="mlp", num_classes=3, in_channels=6, image_size=1, lr=0.1)
+    metrics = loop.fit(model, datamodule=dm)
+    assert metrics["clients_failed"] == 1 and metrics["clients_rejected"] == 1
+    assert all(torch.isfinite(v).all() for v in loop.aggregator.global_state().values())
+
+
+def test_all_clients_failing_follows_on_round_failure(tmp_path):
+    class Broken(ClientModule):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("broken")
+
+    dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path), on_round_failure="stop")
+    with pytest.raises(RuntimeError, match="only 0 of 2 clients succeeded"):
+        loop.fit(Broken(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm)
+    dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path / "skip"))
+    model = Broken(network="mlp", num_classes=3, in_channels=6, image_size=1)
+    before = {k: v.clone() for k, v in model.network.state_dict().items()}
+    loop.fit(model, datamodule=dm)
+    assert all(torch.equal(before[k], v) for k, v in loop.aggregator.global_state().items())
+
+
+def test_mismatched_objective_and_aggregator_are_refused(tmp_path):
+    class NeedsControlVariate(ClientModule):
+        required_payload_extras = frozenset({"c"})
+
+    class NeedsDeltaC(FedAvg):
+        required_upload_extras = frozenset({"delta_c"})
+
+    dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path))
+    with pytest.raises(ConfigurationError, match=r"NeedsControlVariate needs \['c'\].*FedAvg"):
+        loop.fit(NeedsControlVariate(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm)
+    dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path), aggregator=NeedsDeltaC())
+    with pytest.raises(ConfigurationError, match=r"NeedsDeltaC needs \['delta_c'\]"):
+        loop.fit(ClientModule(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm)
+
+
+def test_fractional_clients_per_round_local_steps_and_bf16(tmp_path):
+    dm, loop = _tiny(rounds=1, clients_per_round=0.5, local_steps=3, precision="bf16-mixed", run_dir=str(tmp_path))
+    assert loop.resolve_clients_per_round(4) == 2
+    model = ClientModule(network="mlp", num_classes=3, in_channels=6, image_size=1, lr=0.1)
+    metrics = loop.fit(model, datamodule=dm)
+    assert 0.0 <= metrics["test_acc"] <= 1.0
