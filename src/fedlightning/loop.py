@@ -179,7 +179,7 @@ class FederatedLoop:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         dm.save_partition(self.run_dir / "partition.csv")
         initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
-        self.aggregator.setup(initial, dm.num_clients)
+        self.aggregator.setup(initial, dm.num_clients, self.seed)
         start_round, wandb_id = 0, None
         if ckpt_path:
             start_round, wandb_id = self._restore(ckpt_path, dm)

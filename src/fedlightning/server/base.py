@@ -33,10 +33,17 @@ class Aggregator(ABC):
 
     def __init__(self) -> None:
         self.num_clients = 0
+        self.seed = 0
 
-    def setup(self, initial: StateDict, num_clients: int) -> None:
-        """Initialise the server state from the template model's state_dict ``initial``."""
+    def setup(self, initial: StateDict, num_clients: int, seed: int = 0) -> None:
+        """Initialise the server state from the template model's state_dict ``initial``.
+
+        ``seed`` is the run's seed: an aggregator that needs randomness (e.g. FedCross's shuffle of
+        the sampled clients) derives it from ``(seed, round)`` with
+        :func:`fedlightning.seeding.derive_seed`, never from the global RNG.
+        """
         self.num_clients = num_clients
+        self.seed = seed
 
     @abstractmethod
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:

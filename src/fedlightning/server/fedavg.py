@@ -30,8 +30,8 @@ class FedAvg(Aggregator):
         self.weighting = weighting
         self.weights: StateDict = {}
 
-    def setup(self, initial: StateDict, num_clients: int) -> None:
-        super().setup(initial, num_clients)
+    def setup(self, initial: StateDict, num_clients: int, seed: int = 0) -> None:
+        super().setup(initial, num_clients, seed)
         self.weights = clone_state(initial)
 
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
