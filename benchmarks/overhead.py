@@ -121,7 +121,9 @@ def run_by_hand(case: Case, rounds: int, seed: int) -> tuple[float, dict[str, to
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--case", choices=[*CASES, "all"], default="all")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -139,7 +141,9 @@ def main() -> None:
         run_loop(case, 1, args.seed)
         hand_time, hand_state = run_by_hand(case, args.rounds, args.seed)
         loop_time, loop_state = run_loop(case, args.rounds, args.seed)
-        diff = max(float((hand_state[k].double() - loop_state[k].double()).abs().max()) for k in hand_state)
+        diff = max(
+            float((hand_state[k].double() - loop_state[k].double()).abs().max()) for k in hand_state
+        )
         table.add_row(case.name, case.description, f"{hand_time:.2f}", f"{loop_time:.2f}",
                       f"{loop_time / hand_time:.2f}", f"{diff:.1e}")  # fmt: skip
     Console().print(table)

@@ -7,7 +7,11 @@ from fedlightning.server.functional import weighted_average
 
 
 def _state(w, b, steps):
-    return {"w": torch.tensor(w), "bn.running_mean": torch.tensor(b), "bn.num_batches_tracked": torch.tensor(steps)}
+    return {
+        "w": torch.tensor(w),
+        "bn.running_mean": torch.tensor(b),
+        "bn.num_batches_tracked": torch.tensor(steps),
+    }
 
 
 def _uploads():

@@ -31,8 +31,16 @@ def test_cli_run_learns_and_writes_the_run_directory(cli, tmp_path):
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(cli, tmp_path):
     cli(tmp_path / "straight", "--loop.rounds", "4")
     cli(tmp_path / "resumed", "--loop.rounds", "2")
-    rows = cli(tmp_path / "resumed", "--loop.rounds", "4", "--ckpt_path", str(tmp_path / "resumed" / "last.ckpt"))
-    assert (tmp_path / "straight" / "global.pt").read_bytes() == (tmp_path / "resumed" / "global.pt").read_bytes()
+    rows = cli(
+        tmp_path / "resumed",
+        "--loop.rounds",
+        "4",
+        "--ckpt_path",
+        str(tmp_path / "resumed" / "last.ckpt"),
+    )
+    assert (tmp_path / "straight" / "global.pt").read_bytes() == (
+        tmp_path / "resumed" / "global.pt"
+    ).read_bytes()
     assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]  # metrics.csv continues, no rows lost
 
 
@@ -50,7 +58,10 @@ def test_same_seed_same_result_other_seed_differs(cli, tmp_path):
         (["--loop.clients_per_round", "9"], "clients_per_round=9 exceeds num_clients=8"),
         (["--loop.min_clients", "5"], "min_clients=5 exceeds clients_per_round=4"),
         (["--data.dataset", "imagenet"], "unknown data set 'imagenet'"),
-        (["--data.dataset", "cifar10", "--data.root", "/nonexistent"], "cifar10.*not found under root"),
+        (
+            ["--data.dataset", "cifar10", "--data.root", "/nonexistent"],
+            "cifar10.*not found under root",
+        ),
         (["--data.beta", "0"], "beta must be > 0"),
         (["--loop.rounds", "0"], "loop.rounds=0"),
         (["--model.init_args.network", "nope"], "unknown model 'nope'"),
@@ -64,7 +75,10 @@ def test_bad_input_exits_with_a_clear_message_before_training(cli, tmp_path, cap
     import re
 
     assert re.search(message, capsys.readouterr().err)
-    assert not (tmp_path / "bad" / "metrics.csv").exists() and not (tmp_path / "bad" / "last.ckpt").exists()
+    assert (
+        not (tmp_path / "bad" / "metrics.csv").exists()
+        and not (tmp_path / "bad" / "last.ckpt").exists()
+    )
 
 
 def test_sampling_depends_only_on_seed_and_round():
@@ -84,12 +98,23 @@ class FlakyClients(ClientModule):
     def end_client(self):
         weights, extras, state = super().end_client()
         if self.client_id == 1:
-            weights = {k: v.float().fill_(float("nan")) if v.is_floating_point() else v for k, v in weights.items()}
+            weights = {
+                k: v.float().fill_(float("nan")) if v.is_floating_point() else v
+                for k, v in weights.items()
+            }
         return weights, extras, state
 
 
 def _tiny(**loop_kwargs):
-    dm = FederatedDataModule(dataset="synthetic", num_samples=240, num_test=60, num_classes=3, sample_shape=(6,), num_clients=4, partition="iid")
+    dm = FederatedDataModule(
+        dataset="synthetic",
+        num_samples=240,
+        num_test=60,
+        num_classes=3,
+        sample_shape=(6,),
+        num_clients=4,
+        partition="iid",
+    )
     return dm, FederatedLoop(progress_bar=False, **loop_kwargs)
 
 
@@ -125,14 +150,25 @@ def test_mismatched_objective_and_aggregator_are_refused(tmp_path):
 
     dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path))
     with pytest.raises(ConfigurationError, match=r"NeedsControlVariate needs \['c'\].*FedAvg"):
-        loop.fit(NeedsControlVariate(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm)
+        loop.fit(
+            NeedsControlVariate(network="mlp", num_classes=3, in_channels=6, image_size=1),
+            datamodule=dm,
+        )
     dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path), aggregator=NeedsDeltaC())
     with pytest.raises(ConfigurationError, match=r"NeedsDeltaC needs \['delta_c'\]"):
-        loop.fit(ClientModule(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm)
+        loop.fit(
+            ClientModule(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm
+        )
 
 
 def test_fractional_clients_per_round_local_steps_and_bf16(tmp_path):
-    dm, loop = _tiny(rounds=1, clients_per_round=0.5, local_steps=3, precision="bf16-mixed", run_dir=str(tmp_path))
+    dm, loop = _tiny(
+        rounds=1,
+        clients_per_round=0.5,
+        local_steps=3,
+        precision="bf16-mixed",
+        run_dir=str(tmp_path),
+    )
     assert loop.resolve_clients_per_round(4) == 2
     model = ClientModule(network="mlp", num_classes=3, in_channels=6, image_size=1, lr=0.1)
     metrics = loop.fit(model, datamodule=dm)

@@ -20,7 +20,10 @@ def test_fedavg_cnn_is_two_5x5_convs_and_two_fc():
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert [c.kernel_size for c in convs] == [(5, 5), (5, 5)]
-    assert [(lin.in_features, lin.out_features) for lin in linears] == [(64 * 7 * 7, 512), (512, 10)]
+    assert [(lin.in_features, lin.out_features) for lin in linears] == [
+        (64 * 7 * 7, 512),
+        (512, 10),
+    ]
 
 
 def test_unknown_model_is_a_clear_error():

@@ -37,7 +37,9 @@ def test_dirichlet_skew_grows_as_beta_shrinks():
     entropies = []
     for beta in (100.0, 1.0, 0.1):
         per_seed = [
-            P.label_entropy(P.count_table(LABELS, P.dirichlet(LABELS, 10, beta, seed, min_size=5), 10)).mean()
+            P.label_entropy(
+                P.count_table(LABELS, P.dirichlet(LABELS, 10, beta, seed, min_size=5), 10)
+            ).mean()
             for seed in range(5)
         ]
         entropies.append(np.mean(per_seed))

@@ -19,8 +19,12 @@ def test_digits_is_embedded_and_standardised():
 
 
 def test_synthetic_shape_classes_and_seed():
-    a = load_source("synthetic", seed=1, num_samples=300, num_test=50, num_classes=5, sample_shape=(3, 4, 4))
-    b = load_source("synthetic", seed=1, num_samples=300, num_test=50, num_classes=5, sample_shape=(3, 4, 4))
+    a = load_source(
+        "synthetic", seed=1, num_samples=300, num_test=50, num_classes=5, sample_shape=(3, 4, 4)
+    )
+    b = load_source(
+        "synthetic", seed=1, num_samples=300, num_test=50, num_classes=5, sample_shape=(3, 4, 4)
+    )
     assert a.train_x.shape == (300, 3, 4, 4) and a.test_x.shape == (50, 3, 4, 4)
     assert torch.equal(a.train_x, b.train_x)
     assert sorted(a.train_y.unique().tolist()) == [0, 1, 2, 3, 4]
@@ -81,7 +85,9 @@ def test_leaf_femnist_natural_partition_by_writer(tmp_path):
     _leaf_file(tmp_path / "train" / "a.json", ["w1", "w0"], 12)
     _leaf_file(tmp_path / "train" / "b.json", ["w2"], 12)
     _leaf_file(tmp_path / "test" / "a.json", ["w1", "w0", "w2"], 3)
-    dm = FederatedDataModule(dataset="femnist", root=str(tmp_path), partition="natural", num_clients=3, val_fraction=0.25)
+    dm = FederatedDataModule(
+        dataset="femnist", root=str(tmp_path), partition="natural", num_clients=3, val_fraction=0.25
+    )
     dm.setup()
     assert dm.num_classes == 62 and dm.sample_shape == (1, 28, 28)
     assert [dm.client_num_samples(c) for c in range(3)] == [9, 9, 9]

@@ -43,5 +43,8 @@ def make_wandb_logger(
         resume="allow" if run_id else None,
     )
     if offline:
-        log.warning("W&B logs offline (no API key); sync later with: wandb sync %s/wandb/offline-run-*", run_dir)
+        log.warning(
+            "W&B logs offline (no API key); sync later with: wandb sync %s/wandb/offline-run-*",
+            run_dir,
+        )
     return logger

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedlightning.errors import ConfigurationError
 from fedlightning.models.registry import register_model
 
 
@@ -31,7 +32,9 @@ class FeatureClassifier(nn.Module):
 
 
 @register_model("mlp")
-def mlp(num_classes: int, in_channels: int, image_size: int, hidden: Sequence[int] = (200, 200)) -> nn.Module:
+def mlp(
+    num_classes: int, in_channels: int, image_size: int, hidden: Sequence[int] = (200, 200)
+) -> nn.Module:
     """Multi-layer perceptron on flattened inputs (the FedAvg paper's 2NN with ``hidden=(200, 200)``)."""
     layers: list[nn.Module] = [nn.Flatten()]
     width = in_channels * image_size * image_size
@@ -48,6 +51,7 @@ def lenet5(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     Both convolutions are padded by 2 so that 8x8 inputs work; a 28x28 input gives 16x7x7 features.
     """
     side = image_size // 2 // 2
+    _check_side("lenet5", image_size, side)
     features = nn.Sequential(
         nn.Conv2d(in_channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(6, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -55,12 +59,13 @@ def lenet5(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
         nn.Linear(16 * side * side, 120), nn.ReLU(),
         nn.Linear(120, 84), nn.ReLU(),
     )  # fmt: skip
-    _check_side("lenet5", image_size, side)
     return FeatureClassifier(features, 84, num_classes)
 
 
 @register_model("cnn")
-def cnn(num_classes: int, in_channels: int, image_size: int, width: int = 32, hidden: int = 512) -> nn.Module:
+def cnn(
+    num_classes: int, in_channels: int, image_size: int, width: int = 32, hidden: int = 512
+) -> nn.Module:
     """The FedAvg CNN (McMahan et al. 2017, arXiv:1602.05629, section 3): two 5x5 convolutions
     (``width`` and ``2*width`` channels, 'same' padding) each followed by 2x2 max pooling, a fully
     connected layer of ``hidden`` units with ReLU, and the classifier."""
@@ -76,7 +81,7 @@ def cnn(num_classes: int, in_channels: int, image_size: int, width: int = 32, hi
 
 
 def _check_side(name: str, image_size: int, side: int) -> None:
-    from fedlightning.errors import ConfigurationError
-
     if side < 1:
-        raise ConfigurationError(f"model {name!r} needs image_size >= 4 (two 2x2 poolings), got {image_size}")
+        raise ConfigurationError(
+            f"model {name!r} needs image_size >= 4 (two 2x2 poolings), got {image_size}"
+        )

@@ -26,7 +26,9 @@ class FedAvg(Aggregator):
     def __init__(self, weighting: Literal["samples", "uniform"] = "samples") -> None:
         super().__init__()
         if weighting not in ("samples", "uniform"):
-            raise ConfigurationError(f"FedAvg weighting must be 'samples' or 'uniform', got {weighting!r}")
+            raise ConfigurationError(
+                f"FedAvg weighting must be 'samples' or 'uniform', got {weighting!r}"
+            )
         self.weighting = weighting
         self.weights: StateDict = {}
 

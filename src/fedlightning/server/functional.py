@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
 from fedlightning.protocol import StateDict
 
