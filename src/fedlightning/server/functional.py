@@ -64,3 +64,70 @@ def float_keys(state: StateDict) -> list[str]:
 def subtract(a: StateDict, b: StateDict) -> StateDict:
     """``a - b`` on the floating entries of ``a``."""
     return {k: a[k] - b[k] for k in float_keys(a)}
+
+
+def _stack(states: Sequence[StateDict], key: str) -> torch.Tensor:
+    return torch.stack([s[key].detach().to("cpu", torch.float64) for s in states])
+
+
+def coordinate_median(states: Sequence[StateDict]) -> StateDict:
+    """Coordinate-wise median (Yin et al., ICML 2018, arXiv:1803.01498, Definition 1).
+
+    For an even number of states the mean of the two middle values is taken. Integer entries are
+    taken from the first state. Unweighted: every client counts once.
+    """
+    if not states:
+        raise ValueError("coordinate_median needs at least one state_dict")
+    out: StateDict = {}
+    k = len(states)
+    for key, first in states[0].items():
+        if not first.is_floating_point():
+            out[key] = first.detach().to("cpu", copy=True)
+            continue
+        ordered = _stack(states, key).sort(dim=0).values
+        middle = (ordered[(k - 1) // 2] + ordered[k // 2]) / 2
+        out[key] = middle.to(first.dtype)
+    return out
+
+
+def trimmed_mean(states: Sequence[StateDict], beta: float) -> StateDict:
+    """Coordinate-wise beta-trimmed mean (Yin et al., ICML 2018, arXiv:1803.01498, Definition 2).
+
+    Per coordinate, the ``floor(beta * K)`` largest and smallest of the K values are removed and
+    the rest averaged. ``beta`` in [0, 0.5) and at least one value must remain.
+    """
+    k = len(states)
+    cut = int(beta * k)
+    if not 0 <= beta < 0.5 or k - 2 * cut < 1:
+        raise ValueError(f"trimmed_mean beta must lie in [0, 0.5) and leave a value of {k}, got {beta}")
+    out: StateDict = {}
+    for key, first in states[0].items():
+        if not first.is_floating_point():
+            out[key] = first.detach().to("cpu", copy=True)
+            continue
+        ordered = _stack(states, key).sort(dim=0).values
+        out[key] = ordered[cut : k - cut].mean(dim=0).to(first.dtype)
+    return out
+
+
+def update_norm(state: StateDict, reference: StateDict) -> float:
+    """``||state - reference||_2`` over all floating entries, as one flat vector."""
+    total = sum(
+        float((state[k].double() - reference[k].double()).pow(2).sum()) for k in float_keys(reference)
+    )
+    return total**0.5
+
+
+def clip_update(state: StateDict, reference: StateDict, max_norm: float) -> StateDict:
+    """``reference + u * min(1, max_norm / ||u||)`` with ``u = state - reference`` (floating
+    entries; integer entries pass through). Bounds each client's influence on the average."""
+    norm = update_norm(state, reference)
+    if norm <= max_norm:
+        return state
+    scale = max_norm / norm
+    return {
+        k: (reference[k].double() + (v.double() - reference[k].double()) * scale).to(v.dtype)
+        if v.is_floating_point()
+        else v
+        for k, v in state.items()
+    }

@@ -1,0 +1,246 @@
+"""FederatedDataModule: one data source split across clients, each with train/val parts, plus a global test set."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedlightning.data import partition as P
+from fedlightning.data.loader import TensorBatches
+from fedlightning.data.sources import SOURCES, DataSplit, load_source
+from fedlightning.errors import ConfigurationError
+from fedlightning.seeding import derive_seed
+
+
+class FederatedDataModule(pl.LightningDataModule):
+    """A data set partitioned over ``num_clients`` clients (ALGORITHMS.md section 4).
+
+    Args:
+        dataset: the source: ``digits`` (scikit-learn's bundled digits, the offline default),
+            ``synthetic``, ``mnist``, ``fashion_mnist``, ``emnist``, ``cifar10``, ``cifar100``,
+            ``svhn`` (torchvision, from ``root``) or ``femnist`` (LEAF json under ``root``).
+        root: folder holding torchvision/LEAF files.
+        download: let torchvision fetch missing files (off by default: runs never download).
+        num_clients: number of clients N. With ``natural``, the first N writers are used.
+        partition: ``iid``, ``dirichlet`` (label skew, ``beta``, ``min_size``), ``shards``
+            (``shards_per_client`` label-sorted shards each) or ``natural`` (the data set's users).
+        beta: Dirichlet concentration (> 0); smaller is more skewed.
+        min_size: Dirichlet redraws until every client has at least this many samples.
+        shards_per_client: shards (and so at most this many classes) per client.
+        val_fraction: share of each client's samples held out as its validation split, in [0, 1).
+        batch_size: local training batch size B.
+        eval_batch_size: batch size for evaluation.
+        seed: seed of the partition, the train/val splits and synthetic data.
+        partition_seed: overrides ``seed`` for the partition only (to fix the split across seeds).
+        resize: resize images to ``resize x resize`` once at load time (e.g. digits for ViTs).
+        num_samples, num_test, num_classes, sample_shape, noise: ``synthetic`` only.
+        emnist_split: ``emnist`` only (torchvision's split name).
+    """
+
+    def __init__(
+        self,
+        dataset: str = "digits",
+        root: str = "data",
+        download: bool = False,
+        num_clients: int = 20,
+        partition: Literal["iid", "dirichlet", "shards", "natural"] = "dirichlet",
+        beta: float = 0.5,
+        min_size: int = 10,
+        shards_per_client: int = 2,
+        val_fraction: float = 0.1,
+        batch_size: int = 32,
+        eval_batch_size: int = 1024,
+        seed: int = 0,
+        partition_seed: int | None = None,
+        resize: int | None = None,
+        num_samples: int = 2000,
+        num_test: int = 500,
+        num_classes: int = 10,
+        sample_shape: tuple[int, ...] = (1, 8, 8),
+        noise: float = 1.0,
+        emnist_split: str = "balanced",
+    ) -> None:
+        super().__init__()
+        if dataset not in SOURCES:
+            raise ConfigurationError(
+                f"unknown data set {dataset!r}: choose one of {', '.join(SOURCES)}"
+            )
+        if partition not in P.PARTITIONS:
+            raise ConfigurationError(
+                f"unknown partition {partition!r}: choose one of {', '.join(P.PARTITIONS)}"
+            )
+        if partition == "natural" and dataset != "femnist":
+            raise ConfigurationError(
+                f"partition 'natural' needs a data set with its own users (femnist), got {dataset!r}"
+            )
+        if num_clients < 1:
+            raise ConfigurationError(f"num_clients must be >= 1, got {num_clients}")
+        if partition == "dirichlet" and not beta > 0:
+            raise ConfigurationError(f"beta must be > 0 for the dirichlet partition, got {beta}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ConfigurationError(f"val_fraction must lie in [0, 1), got {val_fraction}")
+        if batch_size < 1 or eval_batch_size < 1:
+            raise ConfigurationError(
+                f"batch_size and eval_batch_size must be >= 1, got {batch_size} and {eval_batch_size}"
+            )
+        if resize is not None and resize < 1:
+            raise ConfigurationError(f"resize must be a positive image size or null, got {resize}")
+        self.save_hyperparameters()
+        self.dataset = dataset
+        self.root = root
+        self.download = download
+        self.num_clients = num_clients
+        self.partition = partition
+        self.beta = beta
+        self.min_size = min_size
+        self.shards_per_client = shards_per_client
+        self.val_fraction = val_fraction
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.seed = seed
+        self.partition_seed = partition_seed
+        self.resize = resize
+        self._source_kwargs = dict(
+            num_samples=num_samples,
+            num_test=num_test,
+            num_classes=num_classes,
+            sample_shape=tuple(sample_shape),
+            noise=noise,
+            emnist_split=emnist_split,
+        )
+        self._data: DataSplit | None = None
+        self._parts: list[np.ndarray] | None = None
+        self._train_idx: list[torch.Tensor] = []
+        self._val_idx: list[torch.Tensor] = []
+
+    # -- loading --------------------------------------------------------------------------------
+    @property
+    def data(self) -> DataSplit:
+        """The loaded source (loaded on first use; cheap metadata like ``num_classes`` needs it)."""
+        if self._data is None:
+            split = load_source(
+                self.dataset,
+                root=self.root,
+                download=self.download,
+                seed=self.seed,
+                **self._source_kwargs,
+            )
+            if self.resize is not None:
+                split.train_x = _resize(split.train_x, self.resize)
+                split.test_x = _resize(split.test_x, self.resize)
+            self._data = split
+        return self._data
+
+    @property
+    def num_classes(self) -> int:
+        return self.data.num_classes
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.data.sample_shape
+
+    @property
+    def in_channels(self) -> int:
+        return self.sample_shape[0]
+
+    @property
+    def image_size(self) -> int:
+        """Image height (square images); 1 for flat feature vectors."""
+        return self.sample_shape[-1] if len(self.sample_shape) == 3 else 1
+
+    def prepare_data(self) -> None:
+        if self.download:
+            _ = self.data
+
+    def setup(self, stage: str | None = None) -> None:
+        """Partition the training pool and split each client's part into train/val (idempotent)."""
+        if self._parts is not None:
+            return
+        labels = self.data.train_y.numpy()
+        seed = self.seed if self.partition_seed is None else self.partition_seed
+        if self.partition == "iid":
+            parts = P.iid(labels, self.num_clients, seed)
+        elif self.partition == "dirichlet":
+            parts = P.dirichlet(labels, self.num_clients, self.beta, seed, min_size=self.min_size)
+        elif self.partition == "shards":
+            parts = P.shards(labels, self.num_clients, self.shards_per_client, seed)
+        else:
+            parts = P.natural(self.data.client_ids)
+            if self.num_clients > len(parts):
+                raise ConfigurationError(
+                    f"num_clients={self.num_clients} exceeds the {len(parts)} writers in the LEAF data"
+                )
+            parts = parts[: self.num_clients]
+        self._parts = parts
+        for cid, part in enumerate(parts):
+            order = torch.as_tensor(part)[torch.randperm(len(part), generator=_gen(seed, cid))]
+            num_val = math.floor(len(part) * self.val_fraction)
+            if len(part) - num_val < 1:
+                raise ConfigurationError(
+                    f"client {cid} has {len(part)} samples, none left for training after "
+                    f"val_fraction={self.val_fraction}: lower val_fraction or num_clients"
+                )
+            self._val_idx.append(order[:num_val].sort().values)
+            self._train_idx.append(order[num_val:].sort().values)
+
+    # -- per-client data ------------------------------------------------------------------------
+    def client_num_samples(self, client_id: int) -> int:
+        """n_i: the number of training samples of client ``client_id``."""
+        return len(self._train_idx[client_id])
+
+    def client_train_dataloader(self, client_id: int, seed: int) -> TensorBatches:
+        """Client ``client_id``'s training batches, shuffled from ``seed``."""
+        idx = self._train_idx[client_id]
+        return TensorBatches(
+            self.data.train_x[idx], self.data.train_y[idx], self.batch_size, shuffle=True, seed=seed
+        )
+
+    def client_val_dataloader(self, client_id: int) -> TensorBatches:
+        idx = self._val_idx[client_id]
+        return TensorBatches(self.data.train_x[idx], self.data.train_y[idx], self.eval_batch_size)
+
+    def client_val_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All clients' validation samples at once: ``(x, y, client_id)``."""
+        idx = torch.cat(self._val_idx)
+        owners = torch.cat(
+            [torch.full((len(v),), c, dtype=torch.int64) for c, v in enumerate(self._val_idx)]
+        )
+        return self.data.train_x[idx], self.data.train_y[idx], owners
+
+    def test_dataloader(self) -> TensorBatches:
+        """The global test set (the whole source's test split)."""
+        return TensorBatches(self.data.test_x, self.data.test_y, self.eval_batch_size)
+
+    # -- partition report -----------------------------------------------------------------------
+    def partition_table(self) -> np.ndarray:
+        """Clients x classes training-sample counts (val samples excluded)."""
+        labels = self.data.train_y.numpy()
+        return P.count_table(labels, [i.numpy() for i in self._train_idx], self.num_classes)
+
+    def partition_hash(self) -> str:
+        return P.partition_hash([i.numpy() for i in self._train_idx])
+
+    def save_partition(self, path: str | Path) -> None:
+        """Write the clients x classes table as CSV (``client,class_0,...``)."""
+        table = self.partition_table()
+        header = "client," + ",".join(f"class_{c}" for c in range(table.shape[1]))
+        rows = [f"{cid}," + ",".join(str(v) for v in row) for cid, row in enumerate(table)]
+        Path(path).write_text("\n".join([header, *rows]) + "\n")
+
+
+def _gen(seed: int, client_id: int) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(seed, "val-split", client_id))
+
+
+def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    if x.ndim != 4:
+        raise ConfigurationError(
+            f"resize needs image data (n, C, H, W), got shape {tuple(x.shape)}"
+        )
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)

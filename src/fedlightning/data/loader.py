@@ -1,0 +1,53 @@
+"""Mini-batches straight from in-memory tensors.
+
+Client data sets are small and already tensors, so a ``DataLoader`` with its sampler, collate and
+worker machinery costs more than the indexing it wraps. Lightning accepts any sized iterable as a
+data loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+
+class TensorBatches:
+    """Iterate ``(x[idx], y[idx])`` batches; reshuffled at each pass from a seeded generator.
+
+    The shuffle order depends only on ``seed`` and the number of passes so far, which keeps
+    client fits reproducible regardless of what else used the global RNG.
+    """
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.x, self.y = x, y
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self._generator = torch.Generator().manual_seed(seed) if shuffle else None
+
+    def __len__(self) -> int:
+        n = len(self.y)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        n = len(self.y)
+        if self.shuffle:
+            order = torch.randperm(n, generator=self._generator)
+            x, y = self.x[order], self.y[order]
+        else:
+            x, y = self.x, self.y
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield x[start : start + self.batch_size], y[start : start + self.batch_size]
