@@ -26,6 +26,7 @@ def test_cli_run_learns_and_writes_the_run_directory(cli, tmp_path):
     model = create_model("mlp", num_classes=10, in_channels=1, image_size=8, hidden=[64])
     model.load_state_dict(state)  # a plain state_dict of the network
     assert torch.load(run / "last.ckpt", weights_only=True)["round"] == 4
+    assert (run / "curves.png").stat().st_size > 0 and (run / "partition.png").stat().st_size > 0
 
 
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(cli, tmp_path):
@@ -173,3 +174,36 @@ def test_fractional_clients_per_round_local_steps_and_bf16(tmp_path):
     model = ClientModule(network="mlp", num_classes=3, in_channels=6, image_size=1, lr=0.1)
     metrics = loop.fit(model, datamodule=dm)
     assert 0.0 <= metrics["test_acc"] <= 1.0
+
+
+class CountingClient(ClientModule):
+    """Keeps a per-client participation counter and a tensor in the ClientStore, and lets the
+    counter shift its learning rate, so lost or stale state would change the result."""
+
+    def begin_client(self, client_id, payload, state):
+        super().begin_client(client_id, payload, state)
+        self.state = {"visits": state.get("visits", 0) + 1, "trace": state.get("trace", torch.zeros(1)) + 1}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05 * self.state["visits"])
+
+
+@pytest.mark.parametrize("client_state", ["memory", "disk"])
+def test_client_state_persists_and_resumes_exactly(tmp_path, client_state):
+    def run(run_dir, rounds, ckpt=None):
+        dm, loop = _tiny(rounds=rounds, clients_per_round=2, run_dir=str(run_dir), client_state=client_state)
+        torch.manual_seed(0)  # the initial model, as the CLI seeds it from loop.seed
+        model = CountingClient(network="mlp", num_classes=3, in_channels=6, image_size=1)
+        loop.fit(model, datamodule=dm, ckpt_path=ckpt)
+        return loop
+
+    straight = run(tmp_path / "a", 4)
+    visits = {cid: straight.store.get(cid)["visits"] for cid in range(4) if cid in straight.store}
+    assert sum(visits.values()) == 4 * 2  # every participation counted once
+    run(tmp_path / "b", 2)
+    resumed = run(tmp_path / "b", 4, ckpt=str(tmp_path / "b" / "last.ckpt"))
+    assert (tmp_path / "a" / "global.pt").read_bytes() == (tmp_path / "b" / "global.pt").read_bytes()
+    assert {cid: resumed.store.get(cid)["visits"] for cid in visits} == visits
+    if client_state == "disk":
+        files = sorted(p.name.split(".")[0] for p in (tmp_path / "b" / "client_state").iterdir())
+        assert files == sorted(str(c) for c in visits)  # one live file per stateful client

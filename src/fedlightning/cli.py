@@ -88,9 +88,21 @@ def _attribute(name: str):
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``fedlightning`` command."""
+    """Entry point of the ``fedlightning`` command; ``fedlightning plot ...`` overlays runs
+    (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
+    pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop."""
+    argv = sys.argv[1:] if args is None else list(args)
     try:
-        FederatedCLI(args=args)
+        if argv[:1] == ["plot"]:
+            from fedlightning.analysis.plots import plot_command
+
+            plot_command(argv[1:])
+        elif argv[:1] == ["cofed"]:
+            from fedlightning.cofed.cli import main as cofed_main
+
+            cofed_main(argv[1:])
+        else:
+            FederatedCLI(args=args)
     except Exception as err:
         cause = _configuration_error(err)
         if cause is None:

@@ -7,3 +7,9 @@ class ConfigurationError(ValueError):
     The message names the option, the bad value and what is allowed. The CLI prints it without a
     traceback and exits with status 2, before any training starts.
     """
+
+
+def require(ok: bool, option: str, value: object, allowed: str) -> None:
+    """Raise ``ConfigurationError("<option>=<value> is not allowed: expected <allowed>")`` unless ``ok``."""
+    if not ok:
+        raise ConfigurationError(f"{option}={value!r} is not allowed: expected {allowed}")

@@ -13,7 +13,6 @@ import os
 import random
 import time
 import traceback
-import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,15 +25,17 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fedlightning.analysis.plots import plot_curves, plot_partition
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.loader import TensorBatches
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.state import ClientStore
+from fedlightning.training import lean_trainer, quiet_lightning
 
 log = logging.getLogger("fedlightning")
 
@@ -78,6 +79,9 @@ class FederatedLoop:
             successful uploads (the server state stays as it was), or ``stop`` the run.
         wandb: also log to Weights & Biases (offline unless ``WANDB_API_KEY`` is set).
         wandb_project, wandb_group, wandb_tags, wandb_name: W&B run settings.
+        client_state: keep per-client state in ``memory`` or on ``disk`` under
+            ``run_dir/client_state`` (bounded memory for thousands of stateful clients).
+        plots: write ``partition.png`` and ``curves.png`` to the run directory.
         progress_bar: show a rich progress bar over rounds.
     """
 
@@ -97,6 +101,8 @@ class FederatedLoop:
         checkpoint_every: int = 1,
         min_clients: int = 1,
         on_round_failure: Literal["skip", "stop"] = "skip",
+        client_state: Literal["memory", "disk"] = "memory",
+        plots: bool = True,
         wandb: bool = False,
         wandb_project: str = "fedlightning",
         wandb_group: str | None = None,
@@ -104,19 +110,20 @@ class FederatedLoop:
         wandb_name: str | None = None,
         progress_bar: bool = True,
     ) -> None:
-        _require(rounds >= 1, "rounds", rounds, "an integer >= 1")
-        _require(
+        require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
+        require(
             clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
-            "clients_per_round", clients_per_round, "an integer >= 1 or a fraction in (0, 1]",
+            "loop.clients_per_round", clients_per_round, "an integer >= 1 or a fraction in (0, 1]",
         )  # fmt: skip
-        _require(local_epochs >= 1, "local_epochs", local_epochs, "an integer >= 1")
-        _require(local_steps is None or local_steps >= 1, "local_steps", local_steps, "null or an integer >= 1")
-        _require(precision in PRECISIONS, "precision", precision, f"one of {', '.join(PRECISIONS)}")
-        _require(devices == 1, "devices", devices, "1 (each client fit uses one device)")
-        _require(eval_every >= 1, "eval_every", eval_every, "an integer >= 1")
-        _require(checkpoint_every >= 1, "checkpoint_every", checkpoint_every, "an integer >= 1")
-        _require(min_clients >= 1, "min_clients", min_clients, "an integer >= 1")
-        _require(on_round_failure in ("skip", "stop"), "on_round_failure", on_round_failure, "'skip' or 'stop'")
+        require(local_epochs >= 1, "loop.local_epochs", local_epochs, "an integer >= 1")
+        require(local_steps is None or local_steps >= 1, "loop.local_steps", local_steps, "null or an integer >= 1")
+        require(precision in PRECISIONS, "loop.precision", precision, f"one of {', '.join(PRECISIONS)}")
+        require(devices == 1, "loop.devices", devices, "1 (each client fit uses one device)")
+        require(eval_every >= 1, "loop.eval_every", eval_every, "an integer >= 1")
+        require(checkpoint_every >= 1, "loop.checkpoint_every", checkpoint_every, "an integer >= 1")
+        require(min_clients >= 1, "loop.min_clients", min_clients, "an integer >= 1")
+        require(on_round_failure in ("skip", "stop"), "loop.on_round_failure", on_round_failure, "'skip' or 'stop'")
+        require(client_state in ("memory", "disk"), "loop.client_state", client_state, "'memory' or 'disk'")
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -134,7 +141,8 @@ class FederatedLoop:
         self.wandb = wandb
         self.wandb_settings = dict(project=wandb_project, group=wandb_group, tags=wandb_tags, name=wandb_name)
         self.progress_bar = progress_bar
-        self.store = ClientStore()
+        self.plots = plots
+        self.store = ClientStore(client_state, self.run_dir / "client_state")
         self.history: list[dict[str, float]] = []
         self.loggers: list[Logger] = []
         self.console = Console(stderr=True)
@@ -157,7 +165,13 @@ class FederatedLoop:
         datamodule.setup("fit")
         per_round = self.resolve_clients_per_round(datamodule.num_clients)
         self._check_pairing(model)
-        with _quiet_lightning():
+        classes = getattr(model, "num_classes", None)
+        if classes is not None and classes < datamodule.num_classes:
+            raise ConfigurationError(
+                f"model num_classes={classes} but the {datamodule.dataset!r} labels run up to "
+                f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
+            )
+        with quiet_lightning():
             return self._run(model, datamodule, per_round, ckpt_path)
 
     def resolve_clients_per_round(self, num_clients: int) -> int:
@@ -177,9 +191,19 @@ class FederatedLoop:
     # -- the rounds -----------------------------------------------------------------------------
     def _run(self, model: ClientModule, dm: FederatedDataModule, per_round: int, ckpt_path: str | None) -> dict[str, float]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob(".last.ckpt.tmp-*"):  # left by a run killed mid-write
+            stale.unlink()
         dm.save_partition(self.run_dir / "partition.csv")
+        if self.plots:
+            plot_partition(dm.partition_table(), self.run_dir / "partition.png", title=f"{dm.dataset} partition")
         initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
-        self.aggregator.setup(initial, dm.num_clients, self.seed)
+        client_keys = model.client_key_sets(dm.num_clients)  # None unless clients' architectures differ
+        if client_keys is None:
+            self.aggregator.setup(initial, dm.num_clients, self.seed)
+        else:
+            agg = type(self.aggregator).__name__
+            require(self.aggregator.heterogeneous, "loop.aggregator", agg, "one for heterogeneous clients (HeteroAvg, InCo...)")
+            self.aggregator.setup(initial, dm.num_clients, self.seed, client_keys=client_keys)
         start_round, wandb_id = 0, None
         if ckpt_path:
             start_round, wandb_id = self._restore(ckpt_path, dm)
@@ -206,7 +230,7 @@ class FederatedLoop:
                     )  # fmt: skip
                 last = r == self.rounds - 1
                 if (r + 1) % self.eval_every == 0 or last:
-                    metrics = {"round": r + 1, **self._evaluate(model, dm)}
+                    metrics = {"round": r + 1, **self._evaluate(model, dm, [u.client_id for u in uploads])}
                     metrics["train_loss"] = _mean([u.metrics.get("train_loss", math.nan) for u in uploads])
                     metrics["clients_failed"] = len(failed)
                     metrics["clients_rejected"] = len(rejected)
@@ -217,6 +241,8 @@ class FederatedLoop:
                 progress.update(task, advance=1, description=_describe(metrics))
         torch.save(self.aggregator.global_state(), self.run_dir / "global.pt")
         self._close_loggers()
+        if self.plots and self.history:
+            plot_curves(self.run_dir)
         elapsed = time.perf_counter() - started
         if "test_acc" in metrics:
             self.console.print(
@@ -274,23 +300,14 @@ class FederatedLoop:
         return upload, new_state
 
     def _trainer(self, **kwargs: Any) -> pl.Trainer:
-        return pl.Trainer(
-            accelerator=self.accelerator,
-            devices=self.devices,
-            precision=self.precision,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            use_distributed_sampler=False,
-            **kwargs,
-        )
+        return lean_trainer(self.accelerator, self.precision, self.devices, **kwargs)
 
     # -- evaluation -----------------------------------------------------------------------------
-    def _evaluate(self, model: ClientModule, dm: FederatedDataModule) -> dict[str, float]:
+    def _evaluate(self, model: ClientModule, dm: FederatedDataModule, client_ids: Sequence[int] = ()) -> dict[str, float]:
         """Each deployable model on the global test set (``test_acc``, ``test_loss``; other models
-        prefixed by their name) and the global model's mean client validation accuracy (``val_acc``)."""
+        prefixed by their name), the global model's mean client validation accuracy (``val_acc``),
+        and the objective's own metrics over the round's participating ``client_ids``
+        (:meth:`ClientModule.evaluate_clients`, e.g. FML's ``personal_acc``)."""
         results: dict[str, float] = {}
         trainer = self._trainer()
         for name, weights in self.aggregator.deployables().items():
@@ -303,6 +320,8 @@ class FederatedLoop:
         if len(y):
             batches = _TripleBatches(x, y, owner, dm.eval_batch_size)
             results.update({k: float(v) for k, v in trainer.validate(model, dataloaders=batches, verbose=False)[0].items()})
+        device = trainer.strategy.root_device
+        results.update(model.evaluate_clients(client_ids, self.store, dm.client_val_dataloader, device))
         return results
 
     # -- logging --------------------------------------------------------------------------------
@@ -358,6 +377,7 @@ class FederatedLoop:
             "wandb_id": self._wandb_id(),
         }
         atomic_save(checkpoint, self.run_dir / "last.ckpt")
+        self.store.commit()
 
     def _restore(self, ckpt_path: str, dm: FederatedDataModule) -> tuple[int, str | None]:
         path = Path(ckpt_path)
@@ -382,7 +402,9 @@ class FederatedLoop:
         return rounds_done, checkpoint.get("wandb_id")
 
     def _check_pairing(self, model: ClientModule) -> None:
-        """Refuse a client objective and aggregator that do not fit each other."""
+        """Refuse a client objective and aggregator that do not fit each other, or a precision
+        the objective cannot train with."""
+        model.check_precision(self.precision)
         agg, objective = type(self.aggregator).__name__, type(model).__name__
         missing = model.required_payload_extras - self.aggregator.payload_extras
         if missing:
@@ -423,14 +445,17 @@ class _TripleBatches(TensorBatches):
             yield self.x[start:end], self.y[start:end], self.owner[start:end]
 
 
-def _require(ok: bool, option: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigurationError(f"loop.{option}={value!r} is not allowed: expected {allowed}")
-
-
-def _all_finite(upload: Upload) -> bool:
-    tensors = [*upload.weights.values()] + [v for v in upload.extras.values() if isinstance(v, torch.Tensor)]
-    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+def _all_finite(value: Any) -> bool:
+    """No NaN/Inf in any floating tensor of an upload's weights or extras (nested dicts/lists too)."""
+    if isinstance(value, Upload):
+        return _all_finite(value.weights) and _all_finite(value.extras)
+    if isinstance(value, torch.Tensor):
+        return not value.is_floating_point() or bool(torch.isfinite(value).all())
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_all_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -444,23 +469,3 @@ def _describe(metrics: dict[str, float]) -> str:
 
 def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
-
-
-@contextmanager
-def _quiet_lightning():
-    """Silence Lightning's per-Trainer banners and hints: a run builds hundreds of Trainers."""
-    names = ["lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda", "lightning.fabric"]
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-        warnings.filterwarnings("ignore", message=".*Experiment logs directory.*")
-        warnings.filterwarnings("ignore", message=".*You defined a `validation_step` but have no `val_dataloader`.*")
-        warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*")
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels, strict=True):
-                lg.setLevel(level)

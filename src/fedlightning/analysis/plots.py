@@ -86,3 +86,22 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = "test_acc", out: str
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Path(out)
+
+
+def plot_command(argv: Sequence[str]) -> Path:
+    """``fedlightning plot RUN_DIR [RUN_DIR ...] --metric test_acc -o FILE.png``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="fedlightning plot", description="Overlay a metric of several runs, one line per run directory."
+    )
+    parser.add_argument("run_dirs", nargs="+", help="run directories (each with a metrics.csv)")
+    parser.add_argument("--metric", default="test_acc", help="a metrics.csv column (default: test_acc)")
+    parser.add_argument("-o", "--output", default="runs.png", help="the PNG to write (default: runs.png)")
+    args = parser.parse_args(list(argv))
+    try:
+        out = plot_runs(args.run_dirs, args.metric, args.output)
+    except (FileNotFoundError, KeyError) as err:
+        parser.error(str(err).strip("'\""))
+    print(f"wrote {out}")
+    return out

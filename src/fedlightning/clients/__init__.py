@@ -1,5 +1,10 @@
 """Client objectives: one LightningModule per local training rule."""
 
 from fedlightning.clients.base import ClientModule
+from fedlightning.clients.fednova import FedNovaClient
+from fedlightning.clients.fedprox import FedProx
+from fedlightning.clients.moon import MOON
+from fedlightning.clients.mutual import FML
+from fedlightning.clients.scaffold import ScaffoldClient
 
-__all__ = ["ClientModule"]
+__all__ = ["ClientModule", "FML", "FedNovaClient", "FedProx", "MOON", "ScaffoldClient"]

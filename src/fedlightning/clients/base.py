@@ -6,7 +6,8 @@ hooks :meth:`ClientModule.begin_client` / :meth:`ClientModule.end_client` (SCAFF
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -18,6 +19,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from fedlightning.errors import ConfigurationError
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
+from fedlightning.server.base import ClientKeys
+
+if TYPE_CHECKING:
+    from fedlightning.state import ClientStore
 
 
 class ClientModule(pl.LightningModule):
@@ -44,6 +49,9 @@ class ClientModule(pl.LightningModule):
     required_payload_extras: ClassVar[frozenset[str]] = frozenset()
     #: upload extras this objective produces (e.g. SCAFFOLD's ``delta_c``)
     upload_extras: ClassVar[frozenset[str]] = frozenset()
+    #: Lightning precisions this objective can train with (``None``: any), checked by
+    #: :meth:`check_precision` in :meth:`setup`, before the first step
+    supported_precisions: ClassVar[frozenset[str] | None] = None
 
     def __init__(
         self,
@@ -111,6 +119,44 @@ class ClientModule(pl.LightningModule):
     def load_network_state(self, weights: StateDict) -> None:
         """Copy ``weights`` into the network (all keys must match)."""
         self.network.load_state_dict(weights)
+
+    def client_key_sets(self, num_clients: int) -> list[ClientKeys] | None:
+        """Each client's architecture group and state_dict keys when clients train different
+        architectures (passed to a ``heterogeneous`` aggregator's ``setup``); ``None``: every
+        client trains the whole ``network``."""
+        return None
+
+    @classmethod
+    def check_precision(cls, precision: str) -> None:
+        """Raise a ConfigurationError if this objective cannot train in ``precision``."""
+        allowed = cls.supported_precisions
+        if allowed is not None and precision not in allowed:
+            raise ConfigurationError(
+                f"loop.precision={precision!r} is not supported by {cls.__name__} (see its "
+                f"docstring): use one of {', '.join(sorted(allowed))}"
+            )
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self.check_precision(str(self.trainer.precision))
+
+    def evaluate_clients(
+        self,
+        client_ids: Sequence[int],
+        store: ClientStore,
+        val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
+        device: torch.device,
+    ) -> dict[str, float]:
+        """Extra metrics over the round's participating clients, called by the loop after its
+        standard evaluation (e.g. FML's personal models on their own validation splits).
+
+        Args:
+            client_ids: the clients whose upload was aggregated this round.
+            store: the ClientStore holding every client's persistent state.
+            val_dataloader: ``val_dataloader(client_id)`` gives that client's validation batches.
+            device: where the loop evaluates.
+        """
+        return {}
 
     # -- training -------------------------------------------------------------------------------
     def local_loss(self, x: Tensor, y: Tensor) -> Tensor:

@@ -79,7 +79,7 @@ def load_digits() -> DataSplit:
     train_x, test_x, train_y, test_y = train_test_split(
         images, bunch.target, test_size=0.2, stratify=bunch.target, random_state=0
     )
-    return _standardised(train_x, train_y, test_x, test_y, num_classes=10)
+    return standardised(train_x, train_y, test_x, test_y, num_classes=10)
 
 
 def make_synthetic(
@@ -157,7 +157,7 @@ def load_torchvision(
     train_x, train_y = _torchvision_arrays(train)
     test_x, test_y = _torchvision_arrays(test)
     num_classes = len(train.classes) if hasattr(train, "classes") else int(train_y.max()) + 1
-    return _standardised(train_x, train_y, test_x, test_y, num_classes)
+    return standardised(train_x, train_y, test_x, test_y, num_classes)
 
 
 def _torchvision_arrays(dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +194,7 @@ def load_leaf(root: str | Path) -> DataSplit:
     writers = sorted(set(train_users))
     index = {w: k for k, w in enumerate(writers)}
     client_ids = np.array([index[u] for u in train_users], dtype=np.int64)
-    split = _standardised(train_x, train_y, test_x, test_y, num_classes=62)
+    split = standardised(train_x, train_y, test_x, test_y, num_classes=62)
     split.client_ids = client_ids
     return split
 
@@ -228,7 +228,7 @@ def _read_leaf(files: Sequence[Path]) -> tuple[list[str], np.ndarray, np.ndarray
     return users, np.concatenate(xs) if xs else np.zeros((0, 1, 28, 28), np.float32), labels
 
 
-def _standardised(train_x, train_y, test_x, test_y, num_classes: int) -> DataSplit:
+def standardised(train_x, train_y, test_x, test_y, num_classes: int) -> DataSplit:
     """Per-channel standardisation with the training pool's statistics."""
     train_x = torch.as_tensor(np.ascontiguousarray(train_x), dtype=torch.float32)
     test_x = torch.as_tensor(np.ascontiguousarray(test_x), dtype=torch.float32)

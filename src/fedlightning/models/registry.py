@@ -29,19 +29,25 @@ def list_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create_model(
-    name: str, num_classes: int, in_channels: int = 1, image_size: int = 28, **kwargs
-) -> nn.Module:
-    """Build the registered model ``name`` for ``num_classes`` classes and ``in_channels x image_size^2`` inputs."""
+def model_builder(name: str) -> ModelBuilder:
+    """The builder registered as ``name`` (e.g. to inspect the options it takes)."""
     if name not in _REGISTRY:
         raise ConfigurationError(
             f"unknown model {name!r}: choose one of {', '.join(list_models())}"
         )
+    return _REGISTRY[name]
+
+
+def create_model(
+    name: str, num_classes: int, in_channels: int = 1, image_size: int = 28, **kwargs
+) -> nn.Module:
+    """Build the registered model ``name`` for ``num_classes`` classes and ``in_channels x image_size^2`` inputs."""
+    builder = model_builder(name)
     if num_classes < 1 or in_channels < 1 or image_size < 1:
         raise ConfigurationError(
             f"model {name!r} needs positive num_classes, in_channels and image_size, got "
             f"{num_classes}, {in_channels}, {image_size}"
         )
-    return _REGISTRY[name](
+    return builder(
         num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs
     )

@@ -2,5 +2,8 @@
 
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
+from fedlightning.server.fedcross import FedCross
+from fedlightning.server.fednova import FedNova
+from fedlightning.server.scaffold import Scaffold
 
-__all__ = ["Aggregator", "FedAvg"]
+__all__ = ["Aggregator", "FedAvg", "FedCross", "FedNova", "Scaffold"]

@@ -15,9 +15,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from fedlightning.protocol import Payload, StateDict, Upload
+
+
+class ClientKeys(NamedTuple):
+    """What one client trains when clients own different architectures: its group's name (e.g.
+    ``"resnet10"``) and the state_dict keys of that architecture (a subset of the server's)."""
+
+    group: str
+    keys: frozenset[str]
 
 
 class Aggregator(ABC):
@@ -30,20 +38,30 @@ class Aggregator(ABC):
 
     payload_extras: ClassVar[frozenset[str]] = frozenset()
     required_upload_extras: ClassVar[frozenset[str]] = frozenset()
+    #: whether :meth:`setup` takes ``client_keys`` (clients owning different sub-state_dicts)
+    heterogeneous: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.num_clients = 0
         self.seed = 0
+        self.client_keys: list[ClientKeys] | None = None
 
-    def setup(self, initial: StateDict, num_clients: int, seed: int = 0) -> None:
+    def setup(
+        self, initial: StateDict, num_clients: int, seed: int = 0, client_keys: Sequence[ClientKeys] | None = None
+    ) -> None:
         """Initialise the server state from the template model's state_dict ``initial``.
 
         ``seed`` is the run's seed: an aggregator that needs randomness (e.g. FedCross's shuffle of
         the sampled clients) derives it from ``(seed, round)`` with
         :func:`fedlightning.seeding.derive_seed`, never from the global RNG.
+
+        ``client_keys`` (only passed to ``heterogeneous`` aggregators, from the client objective's
+        :meth:`~fedlightning.clients.ClientModule.client_key_sets`) gives each client's group and
+        keys; ``None`` means every client trains the whole ``initial`` model.
         """
         self.num_clients = num_clients
         self.seed = seed
+        self.client_keys = None if client_keys is None else list(client_keys)
 
     @abstractmethod
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:

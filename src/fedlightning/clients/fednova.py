@@ -1,0 +1,54 @@
+"""FedNova: Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+Optimization", NeurIPS 2020, arXiv:2007.07481 (section 4 and Appendix; a_i with momentum as in
+the authors' code, github.com/JYWa/FedNova)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from fedlightning.clients.base import ClientModule
+from fedlightning.errors import ConfigurationError
+from fedlightning.protocol import StateDict
+
+
+def fednova_a(tau: int, rho: float = 0.0) -> float:
+    """The normalising factor of ``tau`` local SGD steps with momentum ``rho``:
+    ``a = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho)``, i.e. ``sum_{t=1..tau} (1 - rho^t) /
+    (1 - rho)``, the total weight momentum gives the tau gradients; ``a = tau`` when ``rho = 0``.
+    """
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    if not 0.0 <= rho < 1.0:
+        raise ValueError(f"rho must lie in [0, 1), got {rho}")
+    if rho == 0:
+        return float(tau)
+    return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
+
+
+class FedNovaClient(ClientModule):
+    """Plain local SGD that reports its normalising factor (ALGORITHMS.md 1.5):
+    ``a_i = fednova_a(tau_i, rho)`` with ``tau_i`` the optimizer steps actually taken and ``rho``
+    the SGD momentum, as the upload extra ``"a"``. The local objective is cross-entropy; the
+    normalised averaging ``d_i = (x - x_i) / a_i`` happens on the server from the uploaded weights.
+
+    Only SGD is allowed (a_i describes SGD with momentum; Adam has no such factor). Weight decay
+    acts on the gradient and does not change a_i (as in the authors' code without a proximal term).
+    Pair with :class:`fedlightning.server.FedNova`.
+
+    Args:
+        **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr, momentum...).
+    """
+
+    upload_extras: ClassVar[frozenset[str]] = frozenset({"a"})
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.optimizer_name != "sgd":
+            raise ConfigurationError(
+                f"{type(self).__name__} needs optimizer 'sgd' (a_i is defined for SGD with momentum), "
+                f"got {self.optimizer_name!r}"
+            )
+
+    def end_client(self) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
+        weights, extras, state = super().end_client()
+        return weights, {**extras, "a": fednova_a(self.trainer.global_step, self.momentum)}, state

@@ -1,0 +1,112 @@
+"""SCAFFOLD: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
+Learning", ICML 2020, arXiv:1910.06378 (Algorithm 1, control variate option II)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from fedlightning.clients.base import ClientModule
+from fedlightning.errors import ConfigurationError
+from fedlightning.protocol import Payload, StateDict
+
+
+def scaffold_control_update(
+    c_i: StateDict, c: StateDict, x: StateDict, y: StateDict, num_steps: int, lr: float
+) -> tuple[StateDict, StateDict]:
+    """Option II: ``c_i+ = c_i - c + (x - y) / (K lr)`` and ``delta_c = c_i+ - c_i``, per key of
+    ``c_i``, computed in float64 and cast to ``c_i``'s dtype.
+
+    ``x`` is the model the client started from, ``y`` the trained one, ``K = num_steps`` the
+    optimizer steps actually taken. A client that took no step keeps ``c_i`` (``delta_c = 0``).
+    """
+    c_plus: StateDict = {}
+    delta: StateDict = {}
+    for key, ci in c_i.items():
+        ci64 = ci.double()
+        if num_steps > 0:
+            new = ci64 - c[key].double() + (x[key].double() - y[key].double()) / (num_steps * lr)
+        else:
+            new = ci64
+        c_plus[key] = new.to(ci.dtype)
+        delta[key] = (new - ci64).to(ci.dtype)
+    return c_plus, delta
+
+
+class ScaffoldClient(ClientModule):
+    """Local SGD with drift correction (ALGORITHMS.md 1.4): after every optimizer step
+    ``y <- y - lr * (c - c_i)``; after the fit, ``c_i`` is renewed by option II
+    (:func:`scaffold_control_update`) from the real number of optimizer steps ``K_i`` and ``lr``,
+    and ``delta_c = c_i+ - c_i`` is uploaded.
+
+    ``c`` comes in the payload (extra ``"c"``), ``c_i`` lives in the ClientStore (zeros before a
+    client's first participation); both are shaped like the trainable parameters. The correction
+    is applied to the parameters after each step rather than folded into the gradient, so that it
+    is exactly ``-lr (c - c_i)`` whatever the momentum (as in NIID-Bench's SCAFFOLD).
+
+    Only SGD is allowed: option II estimates the mean gradient as ``(x - y) / (K lr)``, which holds
+    for SGD steps (with momentum, as an approximation the reference implementations accept) and
+    not for Adam. Precisions that can skip optimizer steps (``16-mixed`` with its gradient scaler)
+    are refused: a skipped step would still be counted in ``K_i`` and corrected.
+    Pair with :class:`fedlightning.server.Scaffold`.
+
+    Args:
+        **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
+    """
+
+    required_payload_extras: ClassVar[frozenset[str]] = frozenset({"c"})
+    upload_extras: ClassVar[frozenset[str]] = frozenset({"delta_c"})
+    #: precisions whose optimizer steps are never skipped by a gradient scaler
+    supported_precisions: ClassVar[frozenset[str]] = frozenset(
+        {"32-true", "32", "bf16-mixed", "64-true"}
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.optimizer_name != "sgd":
+            raise ConfigurationError(
+                f"{type(self).__name__} needs optimizer 'sgd' (option II assumes SGD steps), "
+                f"got {self.optimizer_name!r}"
+            )
+        self.num_steps = 0
+        self._params: list[Tensor] = []
+        self._corrections: list[Tensor] = []
+
+    def trainable(self) -> list[tuple[str, Tensor]]:
+        return [(n, p) for n, p in self.network.named_parameters() if p.requires_grad]
+
+    def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
+        super().begin_client(client_id, payload, state)
+        self.num_steps = 0
+
+    def on_train_start(self) -> None:
+        c = self.payload.extras["c"]
+        c_i = self.state.get("c_i", {})
+        named = self.trainable()
+        self._params = [p for _, p in named]
+        # lr (c - c_i) is fixed for the round: computed once, applied after every step
+        self._corrections = [
+            (self.lr * (c[n].double() - c_i[n].double() if n in c_i else c[n].double())).to(p)
+            for n, p in named
+        ]
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        with torch.no_grad():
+            torch._foreach_sub_(self._params, self._corrections)
+        self.num_steps += 1
+
+    def end_client(self) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
+        weights, extras, state = super().end_client()
+        names = [n for n, _ in self.trainable()]
+        c = self.payload.extras["c"]
+        c_i = state.get("c_i") or {n: torch.zeros_like(c[n]) for n in names}
+        c_plus, delta_c = scaffold_control_update(
+            c_i, c, self.payload.weights, weights, self.num_steps, self.lr
+        )
+        self._params, self._corrections = [], []
+        return weights, {**extras, "delta_c": delta_c}, {**state, "c_i": c_plus}

@@ -1,0 +1,280 @@
+"""CoFED participants: any model with its own label space and its own training recipe.
+Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task learning via co-training",
+arXiv:2202.08603 (ALGORITHMS.md section 3).
+
+A :class:`Participant` is trained locally, predicts class probabilities on the public set and is
+update-trained on its local plus pseudo-labelled data. :class:`TorchParticipants` builds
+participants from registered models (by default CoFED's random CNN family) trained with Lightning;
+scikit-learn estimators are in :mod:`fedlightning.cofed.tabular`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lightning.fabric.utilities.seed import seed_everything
+from torch import Tensor, nn
+
+from fedlightning.clients.base import ClientModule
+from fedlightning.data.loader import TensorBatches
+from fedlightning.errors import require
+from fedlightning.loop import PRECISIONS
+from fedlightning.models.registry import create_model, list_models, model_builder
+from fedlightning.seeding import derive_seed
+from fedlightning.training import lean_trainer
+
+
+def class_balanced_weights(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Cross-entropy class weights ``w_c = (1 / n_c) / max_k (1 / n_k) = min_k n_k / n_c``.
+
+    Inverse class frequency normalised to a largest weight of 1 (the rarest present class), minima
+    over the classes present; a class without samples gets weight 1 (it is never a target).
+
+    >>> class_balanced_weights(np.array([0, 0, 0, 0, 1, 1, 2]), 4).tolist()
+    [0.25, 0.5, 1.0, 1.0]
+    """
+    counts = np.bincount(labels, minlength=num_classes).astype(np.float64)
+    present = counts > 0
+    weights = np.ones(num_classes)
+    if present.any():
+        weights[present] = counts[present].min() / counts[present]
+    return weights
+
+
+class Participant(ABC):
+    """One silo's model. Labels are column indices of its own label space (0..|Y_i|-1)."""
+
+    #: a one-line description for the report (architecture and recipe)
+    description: str = ""
+
+    @abstractmethod
+    def fit(self, x: Tensor, y: np.ndarray, seed: int) -> None:
+        """Local training on private data."""
+
+    @abstractmethod
+    def update(self, x: Tensor, y: np.ndarray, seed: int) -> None:
+        """Update training on local plus pseudo-labelled data, starting from the local model."""
+
+    @abstractmethod
+    def predict_proba(self, x: Tensor) -> np.ndarray:
+        """``n x |Y_i|`` class probabilities."""
+
+    def accuracy(self, x: Tensor, y: np.ndarray) -> float:
+        """Top-1 accuracy (NaN on an empty set)."""
+        if len(y) == 0:
+            return float("nan")
+        return float((self.predict_proba(x).argmax(axis=1) == y).mean())
+
+
+class Participants(ABC):
+    """Builds a run's participants (the config group ``participants``)."""
+
+    @abstractmethod
+    def build(
+        self, index: int, num_classes: int, sample_shape: tuple[int, ...], seed: int
+    ) -> Participant:
+        """Participant ``index`` for ``num_classes`` classes, its randomness drawn from ``seed``."""
+
+
+@dataclass
+class Recipe:
+    """A participant's training recipe.
+
+    Args:
+        optimizer: ``sgd`` or ``adam`` (created fresh for local and for update training).
+        lr: learning rate (> 0).
+        momentum: SGD momentum in [0, 1).
+        weight_decay: L2 penalty (>= 0).
+        batch_size: mini-batch size (>= 1).
+        epochs: local training epochs (>= 1).
+        update_epochs: update-training epochs (>= 1; null: ``epochs``).
+    """
+
+    optimizer: Literal["sgd", "adam"] = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 32
+    epochs: int = 30
+    update_epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        require(
+            self.optimizer in ("sgd", "adam"), "recipe.optimizer", self.optimizer, "'sgd' or 'adam'"
+        )
+        require(self.lr > 0, "recipe.lr", self.lr, "a number > 0")
+        require(0.0 <= self.momentum < 1.0, "recipe.momentum", self.momentum, "a number in [0, 1)")
+        require(self.weight_decay >= 0, "recipe.weight_decay", self.weight_decay, "a number >= 0")
+        require(self.batch_size >= 1, "recipe.batch_size", self.batch_size, "an integer >= 1")
+        require(self.epochs >= 1, "recipe.epochs", self.epochs, "an integer >= 1")
+        require(
+            self.update_epochs is None or self.update_epochs >= 1,
+            "recipe.update_epochs", self.update_epochs, "null or an integer >= 1",
+        )  # fmt: skip
+
+    def __str__(self) -> str:
+        update = self.epochs if self.update_epochs is None else self.update_epochs
+        extra = f" momentum {self.momentum}" if self.optimizer == "sgd" and self.momentum else ""
+        return f"{self.optimizer} lr {self.lr}{extra} B {self.batch_size} E {self.epochs}+{update}"
+
+
+class TorchParticipants(Participants):
+    """Participants with registered models, trained with Lightning.
+
+    Participant i gets ``models[i mod len(models)]`` and ``recipes[i mod len(recipes)]``. A model
+    builder with a ``seed`` argument (``cofed_cnn``) gets a per-participant seed, so a random
+    architecture family draws each participant its own architecture. Local training minimises
+    cross-entropy; update training minimises class-balanced cross-entropy (see
+    :func:`class_balanced_weights`) over local plus pseudo-labelled samples, from the local model
+    with a fresh optimizer.
+
+    Args:
+        models: registered model names (``fedlightning.models.list_models()``).
+        model_kwargs: extra builder arguments, applied to every model.
+        recipes: training recipes (default one ``Recipe()``).
+        accelerator: Lightning accelerator of every fit (``auto``, ``cpu``, ``gpu``...).
+        precision: Lightning precision of every fit.
+        eval_batch_size: batch size for predictions.
+    """
+
+    def __init__(
+        self,
+        models: list[str] | None = None,
+        model_kwargs: dict[str, Any] | None = None,
+        recipes: list[Recipe] | None = None,
+        accelerator: str = "auto",
+        precision: Literal["32-true", "32", "bf16-mixed", "16-mixed", "64-true"] = "32-true",
+        eval_batch_size: int = 1024,
+    ) -> None:
+        self.models = ["cofed_cnn"] if models is None else list(models)
+        self.recipes = [Recipe()] if recipes is None else list(recipes)
+        unknown = [m for m in self.models if m not in list_models()]
+        require(
+            len(self.models) > 0 and not unknown, "participants.models", self.models,
+            f"a non-empty list of registered models ({', '.join(list_models())})",
+        )  # fmt: skip
+        require(
+            len(self.recipes) > 0,
+            "participants.recipes",
+            self.recipes,
+            "a non-empty list of recipes",
+        )
+        require(
+            precision in PRECISIONS,
+            "participants.precision",
+            precision,
+            f"one of {', '.join(PRECISIONS)}",
+        )
+        require(
+            eval_batch_size >= 1, "participants.eval_batch_size", eval_batch_size, "an integer >= 1"
+        )
+        self.model_kwargs = dict(model_kwargs or {})
+        self.accelerator = accelerator
+        self.precision = precision
+        self.eval_batch_size = eval_batch_size
+
+    def build(
+        self, index: int, num_classes: int, sample_shape: tuple[int, ...], seed: int
+    ) -> Participant:
+        require(
+            num_classes >= 2,
+            "label space size",
+            num_classes,
+            ">= 2 classes for a torch participant",
+        )
+        name = self.models[index % len(self.models)]
+        kwargs = dict(self.model_kwargs)
+        if "seed" in inspect.signature(model_builder(name)).parameters:
+            kwargs.setdefault("seed", derive_seed(seed, "architecture"))
+        in_channels, image_size = (
+            (sample_shape[0], sample_shape[-1]) if len(sample_shape) == 3 else (sample_shape[0], 1)
+        )
+        torch.manual_seed(derive_seed(seed, "init") % 2**32)
+        network = create_model(name, num_classes, in_channels, image_size, **kwargs)
+        widths = getattr(network, "widths", None)
+        arch = f"{name}{list(widths)}" if widths else name
+        recipe = self.recipes[index % len(self.recipes)]
+        return TorchParticipant(network, num_classes, recipe, self, description=f"{arch}; {recipe}")
+
+
+class TorchParticipant(Participant):
+    """A torch model trained by a lean Lightning Trainer (no logger, checkpoint or progress bar)."""
+
+    def __init__(
+        self,
+        network: nn.Module,
+        num_classes: int,
+        recipe: Recipe,
+        settings: TorchParticipants,
+        description: str = "",
+    ) -> None:
+        self.module = _WeightedCEClient(network, num_classes, recipe)
+        self.recipe = recipe
+        self.settings = settings
+        self.num_classes = num_classes
+        self.description = description
+
+    def fit(self, x: Tensor, y: np.ndarray, seed: int) -> None:
+        self._train(x, y, self.recipe.epochs, seed, balanced=False)
+
+    def update(self, x: Tensor, y: np.ndarray, seed: int) -> None:
+        epochs = (
+            self.recipe.epochs if self.recipe.update_epochs is None else self.recipe.update_epochs
+        )
+        self._train(x, y, epochs, seed, balanced=True)
+
+    def _train(self, x: Tensor, y: np.ndarray, epochs: int, seed: int, balanced: bool) -> None:
+        weights = class_balanced_weights(y, self.num_classes) if balanced else None
+        self.module.class_weight = (
+            None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+        )
+        seed_everything(seed % 2**32, verbose=False)
+        self.module.train()  # predictions left it in eval mode, and Lightning keeps a module's mode
+        trainer = lean_trainer(
+            self.settings.accelerator, self.settings.precision, max_epochs=epochs, limit_val_batches=0
+        )
+        batches = TensorBatches(
+            x, torch.as_tensor(y), self.recipe.batch_size, shuffle=True, seed=seed
+        )
+        trainer.fit(self.module, train_dataloaders=batches)
+
+    @torch.no_grad()
+    def predict_proba(self, x: Tensor) -> np.ndarray:
+        network = self.module.network
+        device = _device(self.settings.accelerator)
+        network.eval().to(device)
+        out = [
+            F.softmax(
+                network(x[s : s + self.settings.eval_batch_size].to(device)).float(), dim=1
+            ).cpu()
+            for s in range(0, len(x), self.settings.eval_batch_size)
+        ]
+        network.cpu()
+        return torch.cat(out).numpy() if out else np.zeros((0, self.num_classes), np.float32)
+
+
+class _WeightedCEClient(ClientModule):
+    """ClientModule whose cross-entropy carries optional per-class weights."""
+
+    def __init__(self, network: nn.Module, num_classes: int, recipe: Recipe) -> None:
+        super().__init__(
+            network=network, num_classes=num_classes, optimizer=recipe.optimizer, lr=recipe.lr,
+            momentum=recipe.momentum, weight_decay=recipe.weight_decay,
+        )  # fmt: skip
+        self.class_weight: Tensor | None = None
+
+    def local_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        weight = None if self.class_weight is None else self.class_weight.to(x.device)
+        return F.cross_entropy(self(x), y, weight=weight)
+
+
+def _device(accelerator: str) -> torch.device:
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")

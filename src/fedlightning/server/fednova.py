@@ -1,0 +1,69 @@
+"""FedNova: Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
+Optimization", NeurIPS 2020, arXiv:2007.07481 (equation 6, normalised averaging)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+from fedlightning.protocol import StateDict, Upload
+from fedlightning.server.fedavg import FedAvg
+from fedlightning.server.functional import weighted_average
+
+
+def fednova_aggregate(
+    global_state: StateDict,
+    states: Sequence[StateDict],
+    a: Sequence[float],
+    weights: Sequence[float],
+) -> StateDict:
+    """Normalised averaging: with ``p_i = w_i / sum_j w_j``, ``d_i = (x - x_i) / a_i`` and
+    ``tau_eff = sum_i p_i a_i``, the new model is ``x - tau_eff * sum_i p_i d_i``.
+
+    Written as one affine combination, ``x_new = c_0 x + sum_i c_i x_i`` with
+    ``c_i = p_i tau_eff / a_i`` and ``c_0 = 1 - sum_i c_i``, and evaluated by
+    :func:`~fedlightning.server.functional.weighted_average` (float64 accumulation). When every
+    ``a_i`` is equal, ``tau_eff = a_i``, ``c_i = p_i`` and ``c_0 = 0`` hold exactly, so the result
+    is bit for bit the FedAvg mean. Integer buffers come from the first client state.
+    """
+    if len(states) != len(a) or len(states) != len(weights):
+        raise ValueError(f"{len(states)} states, {len(a)} factors a_i and {len(weights)} weights")
+    if any(not ai > 0 for ai in a):
+        raise ValueError(f"every a_i must be > 0, got {list(a)}")
+    total = float(sum(weights))
+    if all(ai == a[0] for ai in a):
+        tau_eff = float(a[0])  # the exact value of the mean below, so that c_i = p_i exactly
+    else:
+        tau_eff = sum(w * ai for w, ai in zip(weights, a, strict=True)) / total
+    coefficients = [w * (tau_eff / ai) for w, ai in zip(weights, a, strict=True)]
+    rest = total - sum(coefficients)  # the global model's coefficient, times total
+    if rest == 0:
+        return weighted_average(states, coefficients)
+    return weighted_average([*states, global_state], [*coefficients, rest])
+
+
+class FedNova(FedAvg):
+    """The FedNova server (ALGORITHMS.md 1.5): ``p_i = n_i / sum_S n_j``,
+    ``tau_eff = sum_i p_i a_i``, ``x <- x - tau_eff * sum_i p_i (x - x_i) / a_i``, with each
+    client's ``a_i`` read from its upload extra ``"a"``.
+
+    With equal ``a_i`` (equal step counts, no momentum) this is exactly FedAvg. Float buffers
+    (BatchNorm statistics) are combined like parameters. Pair with
+    :class:`fedlightning.clients.FedNovaClient`.
+
+    Args:
+        weighting: ``samples`` (p_i by n_i, the paper) or ``uniform``.
+    """
+
+    required_upload_extras: ClassVar[frozenset[str]] = frozenset({"a"})
+
+    def __init__(self, weighting: Literal["samples", "uniform"] = "samples") -> None:
+        super().__init__(weighting=weighting)
+
+    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
+        self.weights = fednova_aggregate(
+            self.weights,
+            [u.weights for u in uploads],
+            [float(u.extras["a"]) for u in uploads],
+            self.client_weights(uploads),
+        )

@@ -1,0 +1,139 @@
+"""CoFED end to end at tiny size: image and tabular pipelines through ``fedlightning cofed``."""
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedlightning.cli import main
+from fedlightning.cofed import TabularTasks
+from fedlightning.cofed.cli import build_parser
+
+CONF = Path(__file__).parent / "conf"
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+
+def run_cofed(run_dir: Path, *args: str, config: str = "cofed_tiny.yaml") -> list[dict[str, str]]:
+    """``fedlightning cofed`` in-process on a test config; the rows of participants.csv."""
+    sys.argv = ["fedlightning"]
+    main(["cofed", "--config", str(CONF / config), "--run_dir", str(run_dir), *args])
+    with open(run_dir / "participants.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_image_pipeline_through_the_cli_writes_the_report(tmp_path):
+    threads = torch.get_num_threads()
+    rows = run_cofed(tmp_path / "run")
+    assert torch.get_num_threads() == threads  # num_threads: 1 is restored after the run
+    run = tmp_path / "run"
+    assert len(rows) == 4
+    optimizers = [r["model"].split("; ")[1].split()[0] for r in rows]
+    assert optimizers == ["adam", "sgd", "adam", "sgd"]  # recipes cycle
+    assert all(r["model"].startswith("cofed_cnn[") for r in rows)  # each its own random CNN
+    for r in rows:
+        local, cofed = float(r["local_acc"]), float(r["cofed_acc"])
+        assert 0 <= local <= 1 and 0 <= cofed <= 1
+        assert float(r["relative_acc"]) == pytest.approx(cofed / local)
+    with open(run / "pseudo_labels.csv") as handle:
+        table = list(csv.reader(handle))
+    assert table[0] == ["participant", *(f"class_{c}" for c in range(5))]
+    assert [sum(map(int, line[1:])) for line in table[1:]] == [
+        int(r["pseudo_labels"]) for r in rows
+    ]
+    assert sum(int(r["pseudo_labels"]) for r in rows) > 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["public_size"] == 200 and summary["class_names"] == [
+        "0/6",
+        "1/7",
+        "2/5",
+        "3/8",
+        "4/9",
+    ]
+    assert summary["mean_relative_acc"] == pytest.approx(
+        np.mean([float(r["relative_acc"]) for r in rows])
+    )
+    assert "fedlightning.cofed.LabelSpaceTasks" in (run / "config.yaml").read_text()
+    assert (run / "relative_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    with open(run / "partition.csv") as handle:
+        assert len(list(csv.reader(handle))) == 1 + 4
+
+
+def test_same_seed_same_report_other_seed_differs(tmp_path):
+    read = lambda name: (tmp_path / name / "participants.csv").read_bytes()  # noqa: E731
+    for name, seed in (("a", "5"), ("b", "5"), ("c", "6")):
+        run_cofed(tmp_path / name, "--seed", seed, "--tasks.init_args.num_participants", "3")
+    assert read("a") == read("b")
+    assert read("a") != read("c")
+
+
+def test_tabular_pipeline_through_the_cli(tmp_path):
+    rows = run_cofed(tmp_path / "tab", config="cofed_tabular_tiny.yaml")
+    assert [r["model"] for r in rows] == ["tree", "svm", "gam", "mlp"]
+    assert all(int(r["num_train"]) == 60 and r["label_space"] == "0 1" for r in rows)
+    assert all(0.5 < float(r["local_acc"]) <= 1 and 0.5 < float(r["cofed_acc"]) <= 1 for r in rows)
+    # a strict majority of 4 needs 3 agreeing estimators; every participant gets the same labels
+    assert len({r["pseudo_labels"] for r in rows}) == 1 and int(rows[0]["pseudo_labels"]) > 0
+
+
+def test_tabular_public_rows_come_from_the_pooled_marginals():
+    tasks = TabularTasks(num_participants=4, rows_per_participant=200, public_size=500)
+    assert tasks.rows(426) == 106  # breast cancer's 426-row pool cannot give 4 x 200 rows
+    data = tasks.build(seed=0)
+    assert [len(t.train_y) for t in data.tasks] == [106] * 4
+    pooled = torch.cat([t.train_x for t in data.tasks])
+    for j in range(pooled.shape[1]):
+        assert torch.isin(data.public_x[:, j], pooled[:, j]).all()
+    # columns are drawn independently: public rows are (almost surely) not real rows
+    assert not (data.public_x[:, None, :] == pooled[None]).all(-1).any()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--alpha", "1.5"], r"alpha=1.5 is not allowed: expected a number in \[0, 1\]"),
+        (["--margin", "2"], r"margin=2.0 is not allowed"),
+        (["--tasks.init_args.num_participants", "0"], r"tasks.num_participants=0 is not allowed"),
+        (
+            ["--tasks.init_args.public_size", "100000"],
+            r"public_size=100000 exceeds the \d+ samples",
+        ),
+        (
+            ["--weights", "[1, 2]"],
+            r"weights=\[1.0, 2.0\] is not allowed: expected null or one weight per participant \(4\)",
+        ),
+        (
+            ["--participants.init_args.models", "[nope]"],
+            r"participants.models=\['nope'\] is not allowed",
+        ),
+        (["--num_threads", "0"], r"num_threads=0 is not allowed"),
+    ],
+)
+def test_bad_options_exit_with_a_clear_message_before_training(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cofed(tmp_path / "bad", *args)
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "bad" / "participants.csv").exists()
+
+
+def test_bad_recipe_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cofed(tmp_path / "bad", "--participants.init_args.recipes", "[{lr: -1}]")
+    assert exit_info.value.code == 2
+    assert "recipe.lr=-1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(CONFIGS.glob("cofed*.yaml")) + sorted((CONFIGS / "experiments").glob("cofed*.yaml")),
+    ids=str,
+)
+def test_shipped_cofed_configs_parse_and_instantiate(path):
+    parser = build_parser()
+    init = parser.instantiate(parser.parse_args(["--config", str(path)]))
+    assert init.tasks is not None and init.participants is not None

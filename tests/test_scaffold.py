@@ -1,0 +1,137 @@
+"""SCAFFOLD: option II control variates on hand-made numbers, one real step, the server update."""
+
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedlightning import Payload, Upload
+from fedlightning.clients import ScaffoldClient
+from fedlightning.clients.scaffold import scaffold_control_update
+from fedlightning.data.loader import TensorBatches
+from fedlightning.errors import ConfigurationError
+from fedlightning.server import Scaffold
+from fedlightning.server.scaffold import scaffold_server_control
+from objective_helpers import SYNTHETIC, synthetic_run
+
+
+def test_control_update_option_ii_on_hand_made_numbers():
+    c_i, c = {"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([3.0, 1.0])}
+    x, y = {"w": torch.tensor([10.0, 2.0])}, {"w": torch.tensor([4.0, 3.5])}
+    c_plus, delta = scaffold_control_update(c_i, c, x, y, num_steps=3, lr=0.5)
+    # (x - y) / (K lr) = [6, -1.5] / 1.5 = [4, -1];  c_i+ = c_i - c + that = [2, -2]
+    assert torch.allclose(c_plus["w"], torch.tensor([2.0, -2.0]))
+    assert torch.allclose(delta["w"], torch.tensor([1.0, -2.0]))
+    same, zero = scaffold_control_update(c_i, c, x, y, num_steps=0, lr=0.5)
+    assert torch.equal(same["w"], c_i["w"]) and not zero["w"].any()
+
+
+def test_server_control_variate_moves_by_the_mean_over_all_clients():
+    c = {"w": torch.tensor([1.0, 1.0]), "bn.running_mean": torch.zeros(1)}
+    deltas = [{"w": torch.tensor([2.0, 0.0])}, {"w": torch.tensor([4.0, -4.0])}]
+    out = scaffold_server_control(c, deltas, num_clients=4)  # N = 4 clients, 2 sampled
+    assert torch.allclose(out["w"], torch.tensor([2.5, 0.0]))
+    assert torch.equal(out["bn.running_mean"], torch.zeros(1))
+
+
+def test_scaffold_aggregator_averages_models_by_n_i_and_round_trips():
+    agg = Scaffold()
+    agg.setup({"w": torch.zeros(2), "steps": torch.tensor(0)}, num_clients=4)
+    assert set(agg.c) == {"w"} and not agg.c["w"].any()
+    payloads = agg.configure_round(0, [1, 3])
+    assert payloads[1].extras["c"] is agg.c
+    uploads = [
+        Upload(
+            1,
+            {"w": torch.tensor([1.0, 2.0]), "steps": torch.tensor(5)},
+            10,
+            3,
+            {"delta_c": {"w": torch.ones(2)}},
+        ),
+        Upload(
+            3,
+            {"w": torch.tensor([5.0, 6.0]), "steps": torch.tensor(7)},
+            30,
+            3,
+            {"delta_c": {"w": torch.ones(2)}},
+        ),
+    ]
+    agg.aggregate(0, uploads)
+    assert torch.allclose(agg.global_state()["w"], torch.tensor([4.0, 5.0]))
+    assert torch.allclose(agg.c["w"], torch.full((2,), 0.5))
+    clone = Scaffold()
+    clone.load_state_dict(agg.state_dict())
+    assert torch.equal(clone.c["w"], agg.c["w"]) and torch.equal(
+        clone.global_state()["w"], agg.global_state()["w"]
+    )
+
+
+def test_one_scaffold_step_is_corrected_and_renews_c_i_to_the_gradient():
+    net = nn.Linear(2, 3, bias=False)
+    w0 = torch.tensor([[0.5, -1.0], [0.0, 0.25], [1.0, 1.0]])
+    x, y = torch.tensor([[1.0, 2.0], [-1.0, 0.5]]), torch.tensor([0, 2])
+    c = {"weight": torch.tensor([[0.1, 0.0], [0.0, -0.2], [0.3, 0.0]])}
+    c_i = {"weight": torch.tensor([[0.0, 0.1], [0.0, 0.0], [-0.1, 0.0]])}
+    lr = 0.5
+    module = ScaffoldClient(network=net, num_classes=3, lr=lr)
+    module.begin_client(0, Payload({"weight": w0}, extras={"c": c}), {"c_i": c_i})
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=TensorBatches(x, y, batch_size=2))
+    w = w0.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(F.cross_entropy(x @ w.T, y), w)
+    expected = w0 - lr * g - lr * (c["weight"] - c_i["weight"])
+    assert torch.allclose(net.weight.detach(), expected, atol=1e-6)
+    weights, extras, state = module.end_client()
+    # K = 1: c_i+ = c_i - c + (x - y) / lr = g, the gradient at the dispatched model
+    assert torch.allclose(state["c_i"]["weight"], g, atol=1e-6)
+    assert torch.allclose(extras["delta_c"]["weight"], g - c_i["weight"], atol=1e-6)
+
+
+def test_server_c_stays_the_mean_of_all_client_control_variates(tmp_path):
+    loop = synthetic_run(
+        ScaffoldClient(momentum=0.5, **SYNTHETIC), Scaffold(), rounds=3, tmp_path=tmp_path
+    )
+    c = loop.aggregator.c
+    for key, value in c.items():
+        if key.endswith(("weight", "bias")):
+            mean = (
+                sum(
+                    loop.store.get(i).get("c_i", {}).get(key, torch.zeros_like(value))
+                    for i in range(4)
+                )
+                / 4
+            )
+            assert torch.allclose(value, mean, atol=1e-5)
+    assert any(v.abs().sum() > 0 for v in c.values())
+
+
+def test_scaffold_refuses_adam_and_16_mixed():
+    with pytest.raises(ConfigurationError, match="optimizer 'sgd'.*'adam'"):
+        ScaffoldClient(optimizer="adam", **SYNTHETIC)
+    with pytest.raises(
+        ConfigurationError, match="loop.precision='16-mixed'.*ScaffoldClient.*bf16-mixed"
+    ):
+        ScaffoldClient.check_precision("16-mixed")
+    module = ScaffoldClient(**SYNTHETIC)
+    module._trainer = SimpleNamespace(precision="16-mixed")  # what a Trainer reports in setup()
+    with pytest.raises(ConfigurationError, match="16-mixed"):
+        module.setup("fit")
+    module._trainer = SimpleNamespace(precision="bf16-mixed")
+    module.setup("fit")
+
+
+def test_an_unsupported_precision_stops_the_run_before_any_training(tmp_path):
+    class Only64(ScaffoldClient):  # on CPU, Lightning turns 16-mixed into bf16-mixed: simulate
+        supported_precisions = frozenset({"64-true"})
+
+    with pytest.raises(
+        ConfigurationError, match="loop.precision='32-true' is not supported by Only64"
+    ):
+        synthetic_run(Only64(**SYNTHETIC), Scaffold(), tmp_path=tmp_path)
+    assert not (tmp_path / "metrics.csv").exists()
