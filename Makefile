@@ -22,11 +22,13 @@ demo: install  ## federated training on the bundled digits data (offline, about 
 test: install  ## the test suite (CPU, tiny data, a few minutes)
 	$(PY) -m pytest
 
-test-all: install  ## the test suite including tests marked slow
+test-all: install  ## the test suite including tests marked slow (installs the ray extra)
+	$(PY) -m pip install --quiet -e '.[dev,ray]'
 	$(PY) -m pytest -m "slow or not slow"
 
-bench: install  ## loop overhead against a hand-written PyTorch loop
-	$(PY) benchmarks/overhead.py
+bench: install  ## loop overhead against a hand-written PyTorch loop, and scaling tables
+	$(PY) benchmarks/overhead.py --threads 1 --repeats 3
+	$(PY) benchmarks/scaling.py
 
 lint: install  ## ruff lint and format check
 	$(VENV)/bin/ruff check src tests benchmarks

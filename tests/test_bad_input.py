@@ -39,6 +39,13 @@ CASES = [
     ([AGG, "fedlightning.server.FedNova"], r"FedNova needs .*ClientModule"),
     (["--model", "fedlightning.clients.ScaffoldClient", AGG, "fedlightning.server.Scaffold",
       "--loop.precision", "16-mixed"], r"precision='16-mixed' is not supported by ScaffoldClient"),
+    (["--model", "fedlightning.clients.HeteroClientModule", "--model.networks", "[resnet10, vit_s8]",
+      "--model.network_kwargs", "{width: 4}", AGG, "fedlightning.server.HeteroAvg"],
+     r"model 'vit_s8' does not take \['width'\] in network_kwargs: its options are \[.*'embed_dim'"),
+    (["--model", "fedlightning.clients.HeteroClientModule", "--model.networks", "[resnet10, vit_s8]",
+      "--model.network_kwargs", "{}", AGG, "fedlightning.server.HeteroAvg"], r"model.networks=\['resnet10', 'vit_s8'\].*must nest"),
+    (["--model", "fedlightning.clients.HeteroClientModule", "--model.networks", "[resnet10, resnet18]",
+      "--model.network_kwargs", "{width: 4}"], r"loop.aggregator='FedAvg' is not allowed"),
 ]  # fmt: skip
 
 
@@ -56,7 +63,9 @@ def test_bad_option_is_refused_before_training(cli, tmp_path, capsys, args, mess
 def test_malformed_leaf_json_is_refused(cli, tmp_path, capsys):
     for split in ("train", "test"):
         (tmp_path / "leaf" / split).mkdir(parents=True)
-    (tmp_path / "leaf" / "train" / "bad.json").write_text(json.dumps({"users": ["u"], "user_data": {}}))
+    (tmp_path / "leaf" / "train" / "bad.json").write_text(
+        json.dumps({"users": ["u"], "user_data": {}})
+    )
     (tmp_path / "leaf" / "test" / "t.json").write_text(json.dumps({"users": [], "user_data": {}}))
     with pytest.raises(SystemExit) as exit_info:
         cli(tmp_path / "bad", "--data.dataset", "femnist", "--data.partition", "natural",

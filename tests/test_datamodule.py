@@ -31,7 +31,9 @@ def test_partition_table_counts_training_samples_and_is_saved(tmp_path):
     dm.save_partition(tmp_path / "partition.csv")
     lines = (tmp_path / "partition.csv").read_text().splitlines()
     assert lines[0].startswith("client,class_0") and len(lines) == 11
-    assert np.array_equal(np.array([list(map(int, line.split(",")[1:])) for line in lines[1:]]), table)
+    assert np.array_equal(
+        np.array([list(map(int, line.split(",")[1:])) for line in lines[1:]]), table
+    )
 
 
 def test_seed_changes_partition_and_partition_seed_pins_it():

@@ -20,7 +20,9 @@ def _start(run_dir: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _kill_after_checkpoint(process: subprocess.Popen, checkpoint: Path, after_round: int, delay: float) -> None:
+def _kill_after_checkpoint(
+    process: subprocess.Popen, checkpoint: Path, after_round: int, delay: float
+) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
         if checkpoint.exists():
@@ -50,4 +52,6 @@ def test_sigkill_always_leaves_a_resumable_checkpoint(cli, tmp_path):
     final = rounds_seen[-1] + 2
     cli(run_dir, "--loop.rounds", str(final), "--ckpt_path", str(checkpoint))
     cli(tmp_path / "straight", "--loop.rounds", str(final))
-    assert (run_dir / "global.pt").read_bytes() == (tmp_path / "straight" / "global.pt").read_bytes()
+    assert (run_dir / "global.pt").read_bytes() == (
+        tmp_path / "straight" / "global.pt"
+    ).read_bytes()

@@ -182,7 +182,10 @@ class CountingClient(ClientModule):
 
     def begin_client(self, client_id, payload, state):
         super().begin_client(client_id, payload, state)
-        self.state = {"visits": state.get("visits", 0) + 1, "trace": state.get("trace", torch.zeros(1)) + 1}
+        self.state = {
+            "visits": state.get("visits", 0) + 1,
+            "trace": state.get("trace", torch.zeros(1)) + 1,
+        }
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05 * self.state["visits"])
@@ -191,7 +194,9 @@ class CountingClient(ClientModule):
 @pytest.mark.parametrize("client_state", ["memory", "disk"])
 def test_client_state_persists_and_resumes_exactly(tmp_path, client_state):
     def run(run_dir, rounds, ckpt=None):
-        dm, loop = _tiny(rounds=rounds, clients_per_round=2, run_dir=str(run_dir), client_state=client_state)
+        dm, loop = _tiny(
+            rounds=rounds, clients_per_round=2, run_dir=str(run_dir), client_state=client_state
+        )
         torch.manual_seed(0)  # the initial model, as the CLI seeds it from loop.seed
         model = CountingClient(network="mlp", num_classes=3, in_channels=6, image_size=1)
         loop.fit(model, datamodule=dm, ckpt_path=ckpt)
@@ -202,7 +207,9 @@ def test_client_state_persists_and_resumes_exactly(tmp_path, client_state):
     assert sum(visits.values()) == 4 * 2  # every participation counted once
     run(tmp_path / "b", 2)
     resumed = run(tmp_path / "b", 4, ckpt=str(tmp_path / "b" / "last.ckpt"))
-    assert (tmp_path / "a" / "global.pt").read_bytes() == (tmp_path / "b" / "global.pt").read_bytes()
+    assert (tmp_path / "a" / "global.pt").read_bytes() == (
+        tmp_path / "b" / "global.pt"
+    ).read_bytes()
     assert {cid: resumed.store.get(cid)["visits"] for cid in visits} == visits
     if client_state == "disk":
         files = sorted(p.name.split(".")[0] for p in (tmp_path / "b" / "client_state").iterdir())

@@ -10,13 +10,22 @@ NARROW = {"resnet": {"width": 4}, "vit_s": {"embed_dim": 12, "num_heads": 2}}
 
 
 def _narrow(name):
-    return next((kw for prefix, kw in NARROW.items() if name.startswith(prefix) and name[len(prefix)].isdigit()), {})
+    return next(
+        (
+            kw
+            for prefix, kw in NARROW.items()
+            if name.startswith(prefix) and name[len(prefix)].isdigit()
+        ),
+        {},
+    )
 
 
 @pytest.mark.parametrize("name", list_models())
 @pytest.mark.parametrize(("channels", "size"), [(1, 8), (1, 28), (3, 32)])
 def test_every_model_builds_and_classifies(name, channels, size):
-    model = create_model(name, num_classes=7, in_channels=channels, image_size=size, **_narrow(name))
+    model = create_model(
+        name, num_classes=7, in_channels=channels, image_size=size, **_narrow(name)
+    )
     logits = model(torch.randn(2, channels, size, size))
     assert logits.shape == (2, 7)
     features = model.forward_features(torch.randn(2, channels, size, size))

@@ -13,7 +13,11 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
 TINY = {
     "01_quickstart": {"ROUNDS": 2, "NUM_CLIENTS": 6, "CLIENTS_PER_ROUND": 3},
-    "02_fedcross_ablation": {"ROUNDS": 2, "SELECTIONS": ["lowest_similarity", "in_order"], "ALPHAS": [0.5, 0.99]},
+    "02_fedcross_ablation": {
+        "ROUNDS": 2,
+        "SELECTIONS": ["lowest_similarity", "in_order"],
+        "ALPHAS": [0.5, 0.99],
+    },
     "03_heterogeneous_inco": {"ROUNDS": 2, "SEEDS": [0], "WIDTH": 4},
     "04_fml_personalization": {"ROUNDS": 2},
     "05_cofed": {"NUM_PARTICIPANTS": 4, "EPOCHS": 2, "UPDATE_EPOCHS": 1},
@@ -27,8 +31,14 @@ def test_every_notebook_has_tiny_parameters():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path):
     book = nbformat.read(path, as_version=4)
-    assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), "commit without outputs"
-    position = next(i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", []))
+    assert all(not cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), (
+        "commit without outputs"
+    )
+    position = next(
+        i for i, c in enumerate(book.cells) if "parameters" in c.metadata.get("tags", [])
+    )
     overrides = "\n".join(f"{name} = {value!r}" for name, value in TINY[path.stem].items())
     book.cells.insert(position + 1, nbformat.v4.new_code_cell(overrides))
-    NotebookClient(book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()

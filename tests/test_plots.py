@@ -11,7 +11,17 @@ def test_plot_command_overlays_runs(cli, tmp_path, capsys):
     for name in ("fedavg_a", "fedavg_b"):
         cli(tmp_path / name, "--loop.rounds", "2", "--loop.plots", "false")
     out = tmp_path / "compare.png"
-    main(["plot", str(tmp_path / "fedavg_a"), str(tmp_path / "fedavg_b"), "--metric", "test_acc", "-o", str(out)])
+    main(
+        [
+            "plot",
+            str(tmp_path / "fedavg_a"),
+            str(tmp_path / "fedavg_b"),
+            "--metric",
+            "test_acc",
+            "-o",
+            str(out),
+        ]
+    )
     assert out.read_bytes()[:8] == PNG_MAGIC
     assert f"wrote {out}" in capsys.readouterr().out
     assert list(read_metrics(tmp_path / "fedavg_a")["round"]) == [1.0, 2.0]

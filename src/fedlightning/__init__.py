@@ -1,23 +1,46 @@
-"""fedlightning: federated learning research on PyTorch Lightning."""
+"""fedlightning: federated learning research on PyTorch Lightning.
 
-from fedlightning.clients import ClientModule
+Client objectives (LightningModules) train locally, server aggregators combine their state_dicts,
+and the FederatedLoop runs rounds with exact resume. See the README for the algorithm table.
+"""
+
+from fedlightning.clients import (
+    FML,
+    MOON,
+    ClientModule,
+    FedNovaClient,
+    FedProx,
+    HeteroClientModule,
+    ScaffoldClient,
+)
 from fedlightning.data import FederatedDataModule
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop import FederatedLoop
 from fedlightning.models import create_model, list_models, register_model
 from fedlightning.protocol import Payload, Upload
-from fedlightning.server import Aggregator, FedAvg
+from fedlightning.server import Aggregator, FedAvg, FedCross, FedNova, HeteroAvg, InCo, Scaffold
 from fedlightning.state import ClientStore
 
 __all__ = [
+    "FML",
+    "MOON",
     "Aggregator",
     "ClientModule",
     "ClientStore",
     "ConfigurationError",
     "FedAvg",
+    "FedCross",
+    "FedNova",
+    "FedNovaClient",
+    "FedProx",
     "FederatedDataModule",
     "FederatedLoop",
+    "HeteroAvg",
+    "HeteroClientModule",
+    "InCo",
     "Payload",
+    "Scaffold",
+    "ScaffoldClient",
     "Upload",
     "create_model",
     "list_models",

@@ -45,15 +45,24 @@ class FederatedCLI(LightningCLI):
 
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         # the loop is instantiated by `instantiate_trainer`, like LightningCLI's Trainer
-        parser.add_class_arguments(self.trainer_class, "loop", instantiate=False, fail_untyped=False, sub_configs=True)
-        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
-        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=self.subclass_mode_data)
+        parser.add_class_arguments(
+            self.trainer_class, "loop", instantiate=False, fail_untyped=False, sub_configs=True
+        )
+        parser.add_lightning_class_args(
+            self._model_class, "model", subclass_mode=self.subclass_mode_model
+        )
+        parser.add_lightning_class_args(
+            self._datamodule_class, "data", subclass_mode=self.subclass_mode_data
+        )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("loop.seed", "data.seed")
         for attribute in ("num_classes", "in_channels", "image_size"):
             parser.link_arguments(
-                "data", f"model.init_args.{attribute}", compute_fn=_attribute(attribute), apply_on="instantiate"
+                "data",
+                f"model.init_args.{attribute}",
+                compute_fn=_attribute(attribute),
+                apply_on="instantiate",
             )
 
     def _set_seed(self) -> None:
@@ -76,7 +85,9 @@ class FederatedCLI(LightningCLI):
         """Write the resolved config to ``<run_dir>/config.yaml`` before training."""
         run_dir = Path(self.trainer.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        dump = self._parser(self.subcommand).dump(self.config[self.subcommand], skip_none=False, skip_link_targets=False)
+        dump = self._parser(self.subcommand).dump(
+            self.config[self.subcommand], skip_none=False, skip_link_targets=False
+        )
         (run_dir / "config.yaml").write_text(dump)
 
 

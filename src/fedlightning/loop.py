@@ -35,7 +35,7 @@ from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.state import ClientStore
-from fedlightning.training import lean_trainer, quiet_lightning
+from fedlightning.training import direct_fit, direct_fit_refusal, lean_trainer, quiet_lightning
 
 log = logging.getLogger("fedlightning")
 
@@ -83,6 +83,25 @@ class FederatedLoop:
             ``run_dir/client_state`` (bounded memory for thousands of stateful clients).
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
         progress_bar: show a rich progress bar over rounds.
+        direct_fit: fit a client whose module needs no Trainer machinery (automatic optimization,
+            full precision, no batch-transfer/clipping/scheduler hooks) with
+            :func:`fedlightning.training.direct_fit`: the same hooks and steps as ``Trainer.fit``
+            (bitwise equal results) without its per-fit setup; other clients, and all of them
+            when this is off, get a lean Trainer each.
+        cohort: train all sampled clients of a round at once (:mod:`fedlightning.backends.cohort`:
+            ``torch.func.vmap`` over stacked per-client parameters); for ClientModule/FedProx with
+            SGD, full precision and no BatchNorm/dropout, refused otherwise. Equal to the sequential
+            fits up to floating-point rounding.
+        num_threads: torch intra-op threads during the run (null: torch's default). Small models
+            gain little from several threads, and they oversubscribe a busy machine.
+        backend: run client fits one after the other in this process (``sequential``) or on
+            long-lived Ray actors that keep the data (``ray``, :mod:`fedlightning.backends.ray`;
+            needs the ``ray`` extra). Results do not depend on the backend.
+        ray_address: Ray cluster to join (``null``: start a local instance).
+        num_workers: Ray actors (``null``: one per GPU when ``num_gpus_per_client > 0``, else one
+            per CPU divided by ``num_cpus_per_client``).
+        num_gpus_per_client: GPUs (or a fraction of one) each Ray actor holds.
+        num_cpus_per_client: CPUs (and torch threads) each Ray actor holds.
     """
 
     def __init__(
@@ -109,21 +128,52 @@ class FederatedLoop:
         wandb_tags: list[str] | None = None,
         wandb_name: str | None = None,
         progress_bar: bool = True,
+        direct_fit: bool = True,
+        cohort: bool = False,
+        backend: Literal["sequential", "ray"] = "sequential",
+        ray_address: str | None = None,
+        num_workers: int | None = None,
+        num_gpus_per_client: float = 0.0,
+        num_cpus_per_client: int = 1,
+        num_threads: int | None = None,
     ) -> None:
         require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
+        require(
+            num_threads is None or num_threads >= 1,
+            "loop.num_threads",
+            num_threads,
+            "null or an integer >= 1",
+        )
         require(
             clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
             "loop.clients_per_round", clients_per_round, "an integer >= 1 or a fraction in (0, 1]",
         )  # fmt: skip
         require(local_epochs >= 1, "loop.local_epochs", local_epochs, "an integer >= 1")
-        require(local_steps is None or local_steps >= 1, "loop.local_steps", local_steps, "null or an integer >= 1")
-        require(precision in PRECISIONS, "loop.precision", precision, f"one of {', '.join(PRECISIONS)}")
+        require(
+            local_steps is None or local_steps >= 1,
+            "loop.local_steps",
+            local_steps,
+            "null or an integer >= 1",
+        )
+        require(
+            precision in PRECISIONS, "loop.precision", precision, f"one of {', '.join(PRECISIONS)}"
+        )
         require(devices == 1, "loop.devices", devices, "1 (each client fit uses one device)")
         require(eval_every >= 1, "loop.eval_every", eval_every, "an integer >= 1")
         require(checkpoint_every >= 1, "loop.checkpoint_every", checkpoint_every, "an integer >= 1")
         require(min_clients >= 1, "loop.min_clients", min_clients, "an integer >= 1")
-        require(on_round_failure in ("skip", "stop"), "loop.on_round_failure", on_round_failure, "'skip' or 'stop'")
-        require(client_state in ("memory", "disk"), "loop.client_state", client_state, "'memory' or 'disk'")
+        require(
+            on_round_failure in ("skip", "stop"),
+            "loop.on_round_failure",
+            on_round_failure,
+            "'skip' or 'stop'",
+        )
+        require(
+            client_state in ("memory", "disk"),
+            "loop.client_state",
+            client_state,
+            "'memory' or 'disk'",
+        )
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.local_epochs = local_epochs
@@ -139,8 +189,45 @@ class FederatedLoop:
         self.min_clients = min_clients
         self.on_round_failure = on_round_failure
         self.wandb = wandb
-        self.wandb_settings = dict(project=wandb_project, group=wandb_group, tags=wandb_tags, name=wandb_name)
+        self.wandb_settings = dict(
+            project=wandb_project, group=wandb_group, tags=wandb_tags, name=wandb_name
+        )
         self.progress_bar = progress_bar
+        self.direct_fit = direct_fit
+        require(backend in ("sequential", "ray"), "loop.backend", backend, "'sequential' or 'ray'")
+        require(
+            not (cohort and backend == "ray"),
+            "loop.cohort",
+            cohort,
+            "false with loop.backend='ray'",
+        )
+        require(
+            num_workers is None or num_workers >= 1,
+            "loop.num_workers",
+            num_workers,
+            "null or an integer >= 1",
+        )
+        require(
+            num_gpus_per_client >= 0,
+            "loop.num_gpus_per_client",
+            num_gpus_per_client,
+            "a number >= 0",
+        )
+        require(
+            num_cpus_per_client >= 1,
+            "loop.num_cpus_per_client",
+            num_cpus_per_client,
+            "an integer >= 1",
+        )
+        self.cohort = cohort
+        self.backend = backend
+        self.num_threads = num_threads
+        self.ray_settings = dict(
+            address=ray_address, num_workers=num_workers, num_gpus_per_client=num_gpus_per_client,
+            num_cpus_per_client=num_cpus_per_client,
+        )  # fmt: skip
+        self._remote: Any = None  # the started Ray backend and what it was started with
+        self._device: torch.device | None = None
         self.plots = plots
         self.store = ClientStore(client_state, self.run_dir / "client_state")
         self.history: list[dict[str, float]] = []
@@ -161,7 +248,9 @@ class FederatedLoop:
         Returns the last evaluated metrics.
         """
         if datamodule is None or train_dataloaders is not None or val_dataloaders is not None:
-            raise ConfigurationError("FederatedLoop.fit needs a FederatedDataModule as `datamodule`")
+            raise ConfigurationError(
+                "FederatedLoop.fit needs a FederatedDataModule as `datamodule`"
+            )
         datamodule.setup("fit")
         per_round = self.resolve_clients_per_round(datamodule.num_clients)
         self._check_pairing(model)
@@ -171,8 +260,13 @@ class FederatedLoop:
                 f"model num_classes={classes} but the {datamodule.dataset!r} labels run up to "
                 f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
             )
-        with quiet_lightning():
-            return self._run(model, datamodule, per_round, ckpt_path)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.num_threads or threads)
+        try:
+            with quiet_lightning():
+                return self._run(model, datamodule, per_round, ckpt_path)
+        finally:
+            torch.set_num_threads(threads)
 
     def resolve_clients_per_round(self, num_clients: int) -> int:
         """K from ``clients_per_round`` (an int, or a fraction of N rounded up)."""
@@ -189,25 +283,40 @@ class FederatedLoop:
         return per_round
 
     # -- the rounds -----------------------------------------------------------------------------
-    def _run(self, model: ClientModule, dm: FederatedDataModule, per_round: int, ckpt_path: str | None) -> dict[str, float]:
+    def _run(
+        self, model: ClientModule, dm: FederatedDataModule, per_round: int, ckpt_path: str | None
+    ) -> dict[str, float]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob(".last.ckpt.tmp-*"):  # left by a run killed mid-write
             stale.unlink()
         dm.save_partition(self.run_dir / "partition.csv")
         if self.plots:
-            plot_partition(dm.partition_table(), self.run_dir / "partition.png", title=f"{dm.dataset} partition")
-        initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
-        client_keys = model.client_key_sets(dm.num_clients)  # None unless clients' architectures differ
+            plot_partition(
+                dm.partition_table(),
+                self.run_dir / "partition.png",
+                title=f"{dm.dataset} partition",
+            )
+        initial = {
+            k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()
+        }
+        client_keys = model.client_key_sets(
+            dm.num_clients
+        )  # None unless clients' architectures differ
         if client_keys is None:
             self.aggregator.setup(initial, dm.num_clients, self.seed)
         else:
             agg = type(self.aggregator).__name__
-            require(self.aggregator.heterogeneous, "loop.aggregator", agg, "one for heterogeneous clients (HeteroAvg, InCo...)")
+            require(
+                self.aggregator.heterogeneous,
+                "loop.aggregator",
+                agg,
+                "one for heterogeneous clients (HeteroAvg, InCo...)",
+            )
             self.aggregator.setup(initial, dm.num_clients, self.seed, client_keys=client_keys)
         start_round, wandb_id = 0, None
         if ckpt_path:
             start_round, wandb_id = self._restore(ckpt_path, dm)
-        self._open_loggers(wandb_id)
+        self._open_loggers(wandb_id, dm)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         started = time.perf_counter()
         with self._progress(start_round) as (progress, task):
@@ -230,8 +339,13 @@ class FederatedLoop:
                     )  # fmt: skip
                 last = r == self.rounds - 1
                 if (r + 1) % self.eval_every == 0 or last:
-                    metrics = {"round": r + 1, **self._evaluate(model, dm, [u.client_id for u in uploads])}
-                    metrics["train_loss"] = _mean([u.metrics.get("train_loss", math.nan) for u in uploads])
+                    metrics = {
+                        "round": r + 1,
+                        **self._evaluate(model, dm, [u.client_id for u in uploads]),
+                    }
+                    metrics["train_loss"] = _mean(
+                        [u.metrics.get("train_loss", math.nan) for u in uploads]
+                    )
                     metrics["clients_failed"] = len(failed)
                     metrics["clients_rejected"] = len(rejected)
                     metrics["round_time_s"] = time.perf_counter() - round_start
@@ -252,23 +366,46 @@ class FederatedLoop:
         return metrics
 
     def _fit_clients(
-        self, model: ClientModule, dm: FederatedDataModule, r: int, client_ids: Sequence[int], payloads: dict[int, Payload]
+        self,
+        model: ClientModule,
+        dm: FederatedDataModule,
+        r: int,
+        client_ids: Sequence[int],
+        payloads: dict[int, Payload],
     ) -> tuple[list[Upload], list[int], list[int]]:
         """Fit every sampled client; a client that raises or uploads non-finite values is left out."""
         uploads: list[Upload] = []
         failed: list[int] = []
         rejected: list[int] = []
+        cohort = self._fit_cohort(model, dm, r, client_ids, payloads) if self.cohort else None
+        remote = (
+            self._fit_remote(model, dm, r, client_ids, payloads) if self.backend == "ray" else None
+        )
         for cid in client_ids:
             try:
-                upload, new_state = self._fit_client(model, dm, r, cid, payloads[cid])
+                if cohort is not None:  # stateless objectives only: the state is unchanged
+                    upload, new_state = cohort[cid], self.store.get(cid)
+                elif remote is not None:
+                    if isinstance(remote[cid], BaseException):
+                        raise remote[cid]
+                    upload, new_state = remote[cid]
+                else:
+                    upload, new_state = self._fit_client(model, dm, r, cid, payloads[cid])
             except (ConfigurationError, KeyboardInterrupt):
                 raise
             except Exception:  # a failed client never loses the run
-                log.error("round %d: client %d failed and is left out:\n%s", r + 1, cid, traceback.format_exc())
+                log.error(
+                    "round %d: client %d failed and is left out:\n%s",
+                    r + 1,
+                    cid,
+                    traceback.format_exc(),
+                )
                 failed.append(cid)
                 continue
             if not _all_finite(upload):
-                log.warning("round %d: client %d uploaded NaN/Inf values and is left out", r + 1, cid)
+                log.warning(
+                    "round %d: client %d uploaded NaN/Inf values and is left out", r + 1, cid
+                )
                 rejected.append(cid)
                 continue
             self.store.put(cid, new_state)
@@ -281,29 +418,86 @@ class FederatedLoop:
         fit_seed = derive_seed(self.seed, "fit", r, cid)
         seed_everything(fit_seed % (2**32), verbose=False)
         model.begin_client(cid, payload, self.store.get(cid))
-        trainer = self._trainer(
-            max_epochs=-1 if self.local_steps else self.local_epochs,
-            max_steps=self.local_steps or -1,
-            limit_val_batches=0,
+        batches = dm.client_train_dataloader(cid, fit_seed)
+        max_epochs, max_steps = (
+            (-1 if self.local_steps else self.local_epochs),
+            (self.local_steps or -1),
         )
-        trainer.fit(model, train_dataloaders=dm.client_train_dataloader(cid, fit_seed))
+        if self.direct_fit and direct_fit_refusal(model, self.precision) is None:
+            num_steps = direct_fit(
+                model, batches, self._root_device(), self.precision, max_epochs, max_steps
+            )
+        else:
+            trainer = self._trainer(max_epochs=max_epochs, max_steps=max_steps, limit_val_batches=0)
+            trainer.fit(model, train_dataloaders=batches)
+            num_steps = trainer.global_step
         weights, extras, new_state = model.end_client()
         upload = Upload(
             client_id=cid,
             weights=weights,
             num_samples=dm.client_num_samples(cid),
-            num_steps=trainer.global_step,
+            num_steps=num_steps,
             extras=extras,
             model_index=payload.model_index,
             metrics=model.client_metrics(),
         )
         return upload, new_state
 
+    def _fit_cohort(
+        self,
+        model: ClientModule,
+        dm: FederatedDataModule,
+        r: int,
+        client_ids: Sequence[int],
+        payloads: dict[int, Payload],
+    ) -> dict[int, Upload]:
+        from fedlightning.backends.cohort import check_cohort, fit_cohort
+
+        check_cohort(model, self.precision)
+        return fit_cohort(
+            model,
+            dm,
+            self.seed,
+            r,
+            client_ids,
+            payloads,
+            self._root_device(),
+            self.local_epochs,
+            self.local_steps,
+        )
+
+    def _fit_remote(
+        self,
+        model: ClientModule,
+        dm: FederatedDataModule,
+        r: int,
+        client_ids: Sequence[int],
+        payloads: dict[int, Payload],
+    ) -> dict[int, Any]:
+        from fedlightning.backends.ray import RayBackend
+
+        if self._remote is None or self._remote[1:] != (
+            model,
+            dm,
+        ):  # actors hold this model and data
+            backend = RayBackend(self, **self.ray_settings)
+            backend.start(model, dm)
+            self._remote = (backend, model, dm)
+        return self._remote[0].fit(r, client_ids, payloads)
+
     def _trainer(self, **kwargs: Any) -> pl.Trainer:
         return lean_trainer(self.accelerator, self.precision, self.devices, **kwargs)
 
+    def _root_device(self) -> torch.device:
+        """The device Lightning picks for ``accelerator``/``devices`` (resolved once)."""
+        if self._device is None:
+            self._device = self._trainer().strategy.root_device
+        return self._device
+
     # -- evaluation -----------------------------------------------------------------------------
-    def _evaluate(self, model: ClientModule, dm: FederatedDataModule, client_ids: Sequence[int] = ()) -> dict[str, float]:
+    def _evaluate(
+        self, model: ClientModule, dm: FederatedDataModule, client_ids: Sequence[int] = ()
+    ) -> dict[str, float]:
         """Each deployable model on the global test set (``test_acc``, ``test_loss``; other models
         prefixed by their name), the global model's mean client validation accuracy (``val_acc``),
         and the objective's own metrics over the round's participating ``client_ids``
@@ -313,26 +507,40 @@ class FederatedLoop:
         for name, weights in self.aggregator.deployables().items():
             model.load_network_state(weights)
             prefix = "" if name == "global" else f"{name}/"
-            for key, value in trainer.test(model, dataloaders=dm.test_dataloader(), verbose=False)[0].items():
+            for key, value in trainer.test(model, dataloaders=dm.test_dataloader(), verbose=False)[
+                0
+            ].items():
                 results[prefix + key] = float(value)
         model.load_network_state(self.aggregator.global_state())
         x, y, owner = dm.client_val_data()
         if len(y):
             batches = _TripleBatches(x, y, owner, dm.eval_batch_size)
-            results.update({k: float(v) for k, v in trainer.validate(model, dataloaders=batches, verbose=False)[0].items()})
+            results.update(
+                {
+                    k: float(v)
+                    for k, v in trainer.validate(model, dataloaders=batches, verbose=False)[
+                        0
+                    ].items()
+                }
+            )
         device = trainer.strategy.root_device
-        results.update(model.evaluate_clients(client_ids, self.store, dm.client_val_dataloader, device))
+        results.update(
+            model.evaluate_clients(client_ids, self.store, dm.client_val_dataloader, device)
+        )
         return results
 
     # -- logging --------------------------------------------------------------------------------
-    def _open_loggers(self, wandb_id: str | None) -> None:
+    def _open_loggers(self, wandb_id: str | None, dm: FederatedDataModule) -> None:
         self.loggers = [CSVLogger(save_dir=str(self.run_dir), name="", version="")]
         for row in self.history:  # a resumed run rewrites the rows up to its checkpoint
             self.loggers[0].log_metrics(row, step=int(row["round"]))
         if self.wandb:
-            from fedlightning.tracking import make_wandb_logger
+            from fedlightning.tracking import log_run_description, make_wandb_logger
 
-            self.loggers.append(make_wandb_logger(self.run_dir, wandb_id, **self.wandb_settings))
+            logger = make_wandb_logger(self.run_dir, wandb_id, **self.wandb_settings)
+            if wandb_id is None:  # a resumed W&B run already has them
+                log_run_description(logger, self.run_dir / "config.yaml", dm.partition_table())
+            self.loggers.append(logger)
         for logger in self.loggers:
             logger.save()
 
@@ -345,6 +553,8 @@ class FederatedLoop:
     def _close_loggers(self) -> None:
         for logger in self.loggers:
             logger.finalize("success")
+            if logger.__class__.__name__ == "WandbLogger":
+                logger.experiment.finish()  # flush and close the W&B run (WandbLogger leaves it open)
 
     def _wandb_id(self) -> str | None:
         for logger in self.loggers:
@@ -398,7 +608,11 @@ class FederatedLoop:
         random.setstate(_as_tuple(checkpoint["rng"]["python"]))
         rounds_done = int(checkpoint["round"])
         if rounds_done >= self.rounds:
-            log.warning("checkpoint has %d rounds done, loop.rounds=%d: nothing left to train", rounds_done, self.rounds)
+            log.warning(
+                "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
+                rounds_done,
+                self.rounds,
+            )
         return rounds_done, checkpoint.get("wandb_id")
 
     def _check_pairing(self, model: ClientModule) -> None:
@@ -435,7 +649,9 @@ def atomic_save(obj: Any, path: str | Path) -> None:
 class _TripleBatches(TensorBatches):
     """``(x, y, client_id)`` batches over all clients' validation samples."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, batch_size: int) -> None:
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, batch_size: int
+    ) -> None:
         super().__init__(x, y, batch_size)
         self.owner = owner
 

@@ -38,7 +38,9 @@ class ClientStore:
         directory: where ``disk`` mode writes (required for it).
     """
 
-    def __init__(self, mode: Literal["memory", "disk"] = "memory", directory: str | Path | None = None) -> None:
+    def __init__(
+        self, mode: Literal["memory", "disk"] = "memory", directory: str | Path | None = None
+    ) -> None:
         if mode not in ("memory", "disk"):
             raise ValueError(f"client_state must be 'memory' or 'disk', got {mode!r}")
         if mode == "disk" and directory is None:
@@ -107,4 +109,6 @@ class ClientStore:
         self._version = int(state["version"])
         missing = [n for n in self._files.values() if not (self.directory / n).is_file()]
         if missing:
-            raise FileNotFoundError(f"client state files {missing[:5]} are missing from {self.directory}")
+            raise FileNotFoundError(
+                f"client state files {missing[:5]} are missing from {self.directory}"
+            )

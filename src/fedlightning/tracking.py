@@ -7,6 +7,8 @@ import netrc
 import os
 from pathlib import Path
 
+import numpy as np
+import yaml
 from lightning.pytorch.loggers import WandbLogger
 
 log = logging.getLogger("fedlightning")
@@ -48,3 +50,16 @@ def make_wandb_logger(
             run_dir,
         )
     return logger
+
+
+def log_run_description(logger: WandbLogger, config_path: Path, partition: np.ndarray) -> None:
+    """Log the resolved config (``config.yaml`` as written by the CLI, if present) as the run's
+    hyperparameters and the clients x classes partition as a W&B table."""
+    if config_path.is_file():
+        logger.log_hyperparams(yaml.safe_load(config_path.read_text()) or {})
+    columns = ["client", *[f"class_{c}" for c in range(partition.shape[1])]]
+    logger.log_table(
+        key="partition",
+        columns=columns,
+        data=[[i, *map(int, row)] for i, row in enumerate(partition)],
+    )

@@ -25,11 +25,16 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
     """Columns of ``run_dir/metrics.csv`` as float arrays (empty cells become NaN)."""
     path = Path(run_dir) / "metrics.csv"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a fedlightning run directory?")
+        raise FileNotFoundError(
+            f"{path} does not exist: is {run_dir} a fedlightning run directory?"
+        )
     with open(path) as handle:
         rows = list(csv.DictReader(handle))
     columns = rows[0].keys() if rows else []
-    return {c: np.array([float(r[c]) if r[c] not in ("", None) else np.nan for r in rows]) for c in columns}
+    return {
+        c: np.array([float(r[c]) if r[c] not in ("", None) else np.nan for r in rows])
+        for c in columns
+    }
 
 
 def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -60,7 +65,9 @@ def plot_partition(table: np.ndarray, out: str | Path, title: str = "partition")
     """A clients x classes heat map of sample counts."""
     plt = _pyplot()
     table = np.asarray(table)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * table.shape[1] + 2), max(3.0, 0.22 * table.shape[0] + 1.5)))
+    fig, ax = plt.subplots(
+        figsize=(max(4.0, 0.35 * table.shape[1] + 2), max(3.0, 0.22 * table.shape[0] + 1.5))
+    )
     image = ax.imshow(table, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set(xlabel="class", ylabel="client", title=title)
     fig.colorbar(image, ax=ax, label="samples")
@@ -70,14 +77,18 @@ def plot_partition(table: np.ndarray, out: str | Path, title: str = "partition")
     return Path(out)
 
 
-def plot_runs(run_dirs: Sequence[str | Path], metric: str = "test_acc", out: str | Path = "runs.png") -> Path:
+def plot_runs(
+    run_dirs: Sequence[str | Path], metric: str = "test_acc", out: str | Path = "runs.png"
+) -> Path:
     """Overlay ``metric`` per round for several runs; the legend names each run by its folder."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for run_dir in run_dirs:
         metrics = read_metrics(run_dir)
         if metric not in metrics:
-            raise KeyError(f"metric {metric!r} not in {run_dir}/metrics.csv: choose one of {sorted(metrics)}")
+            raise KeyError(
+                f"metric {metric!r} not in {run_dir}/metrics.csv: choose one of {sorted(metrics)}"
+            )
         ax.plot(metrics["round"], metrics[metric], marker=".", label=Path(run_dir).name)
     ax.set(xlabel="round", ylabel=metric)
     ax.grid(alpha=0.3)
@@ -93,11 +104,16 @@ def plot_command(argv: Sequence[str]) -> Path:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="fedlightning plot", description="Overlay a metric of several runs, one line per run directory."
+        prog="fedlightning plot",
+        description="Overlay a metric of several runs, one line per run directory.",
     )
     parser.add_argument("run_dirs", nargs="+", help="run directories (each with a metrics.csv)")
-    parser.add_argument("--metric", default="test_acc", help="a metrics.csv column (default: test_acc)")
-    parser.add_argument("-o", "--output", default="runs.png", help="the PNG to write (default: runs.png)")
+    parser.add_argument(
+        "--metric", default="test_acc", help="a metrics.csv column (default: test_acc)"
+    )
+    parser.add_argument(
+        "-o", "--output", default="runs.png", help="the PNG to write (default: runs.png)"
+    )
     args = parser.parse_args(list(argv))
     try:
         out = plot_runs(args.run_dirs, args.metric, args.output)

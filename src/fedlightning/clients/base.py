@@ -78,7 +78,9 @@ class ClientModule(pl.LightningModule):
         if isinstance(network, nn.Module):
             self.network = network
         else:
-            self.network = create_model(network, num_classes, in_channels, image_size, **(network_kwargs or {}))
+            self.network = create_model(
+                network, num_classes, in_channels, image_size, **(network_kwargs or {})
+            )
         self.num_classes = num_classes
         self.optimizer_name = optimizer
         self.lr = lr
@@ -170,11 +172,17 @@ class ClientModule(pl.LightningModule):
         self._loss_batches += 1
         return loss
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        params = [p for p in self.parameters() if p.requires_grad]
+    def make_optimizer(self, params: Iterable[Tensor]) -> torch.optim.Optimizer:
+        """The configured optimizer (SGD or Adam) over the trainable tensors of ``params``."""
+        params = [p for p in params if p.requires_grad]
         if self.optimizer_name == "adam":
             return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+        return torch.optim.SGD(
+            params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.make_optimizer(self.parameters())
 
     # -- evaluation -----------------------------------------------------------------------------
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:

@@ -112,14 +112,6 @@ class FML(ClientModule):
             name, self.num_classes, self.hparams.in_channels, self.hparams.image_size, **kwargs
         )
 
-    def _optimizer(self, params: Iterable[Tensor]) -> torch.optim.Optimizer:
-        params = [p for p in params if p.requires_grad]
-        if self.optimizer_name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
-        return torch.optim.SGD(
-            params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
-        )
-
     # -- one client's round ---------------------------------------------------------------------
     def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
         super().begin_client(client_id, payload, state)
@@ -133,11 +125,11 @@ class FML(ClientModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         # the personal optimizer is ours, not Lightning's: the Trainer then counts meme steps only
-        self._personal_optimizer = self._optimizer(self.personal.parameters())
+        self._personal_optimizer = self.make_optimizer(self.personal.parameters())
         if "optimizer" in self.state:
             # a copy: load_state_dict may alias the stored tensors, which the steps then modify
             self._personal_optimizer.load_state_dict(copy.deepcopy(self.state["optimizer"]))
-        return self._optimizer(self.network.parameters())
+        return self.make_optimizer(self.network.parameters())
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         x, y = batch

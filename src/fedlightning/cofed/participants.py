@@ -237,7 +237,10 @@ class TorchParticipant(Participant):
         seed_everything(seed % 2**32, verbose=False)
         self.module.train()  # predictions left it in eval mode, and Lightning keeps a module's mode
         trainer = lean_trainer(
-            self.settings.accelerator, self.settings.precision, max_epochs=epochs, limit_val_batches=0
+            self.settings.accelerator,
+            self.settings.precision,
+            max_epochs=epochs,
+            limit_val_batches=0,
         )
         batches = TensorBatches(
             x, torch.as_tensor(y), self.recipe.batch_size, shuffle=True, seed=seed

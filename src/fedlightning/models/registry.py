@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from torch import nn
@@ -48,6 +49,14 @@ def create_model(
             f"model {name!r} needs positive num_classes, in_channels and image_size, got "
             f"{num_classes}, {in_channels}, {image_size}"
         )
+    accepted = inspect.signature(builder).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            options = sorted(set(accepted) - {"num_classes", "in_channels", "image_size"})
+            raise ConfigurationError(
+                f"model {name!r} does not take {unknown} in network_kwargs: its options are {options}"
+            )
     return builder(
         num_classes=num_classes, in_channels=in_channels, image_size=image_size, **kwargs
     )

@@ -47,7 +47,11 @@ class Aggregator(ABC):
         self.client_keys: list[ClientKeys] | None = None
 
     def setup(
-        self, initial: StateDict, num_clients: int, seed: int = 0, client_keys: Sequence[ClientKeys] | None = None
+        self,
+        initial: StateDict,
+        num_clients: int,
+        seed: int = 0,
+        client_keys: Sequence[ClientKeys] | None = None,
     ) -> None:
         """Initialise the server state from the template model's state_dict ``initial``.
 

@@ -99,7 +99,9 @@ def trimmed_mean(states: Sequence[StateDict], beta: float) -> StateDict:
     k = len(states)
     cut = int(beta * k)
     if not 0 <= beta < 0.5 or k - 2 * cut < 1:
-        raise ValueError(f"trimmed_mean beta must lie in [0, 0.5) and leave a value of {k}, got {beta}")
+        raise ValueError(
+            f"trimmed_mean beta must lie in [0, 0.5) and leave a value of {k}, got {beta}"
+        )
     out: StateDict = {}
     for key, first in states[0].items():
         if not first.is_floating_point():
@@ -113,7 +115,8 @@ def trimmed_mean(states: Sequence[StateDict], beta: float) -> StateDict:
 def update_norm(state: StateDict, reference: StateDict) -> float:
     """``||state - reference||_2`` over all floating entries, as one flat vector."""
     total = sum(
-        float((state[k].double() - reference[k].double()).pow(2).sum()) for k in float_keys(reference)
+        float((state[k].double() - reference[k].double()).pow(2).sum())
+        for k in float_keys(reference)
     )
     return total**0.5
 

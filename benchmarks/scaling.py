@@ -1,0 +1,254 @@
+"""How FederatedLoop scales: round time against clients per round and against model size, and the
+per-client state that stateful objectives keep (SCAFFOLD, MOON, FML) extrapolated to many clients.
+
+Every table is measured in one run and gives ratios within that run (the machine's load changes
+between runs; compare ratios, not seconds, across runs).
+
+  clients: an MLP on digits, 50 clients, ``local_steps`` steps each; one round with K = 5, 10, 20,
+           50 sampled clients. ``s/client`` flat in K means the loop adds no per-round cost that
+           grows faster than the work.
+  model:   10 clients x ``local_steps`` steps with MLPs of growing width; the time ratio against
+           the parameter ratio shows where arithmetic starts to dominate the fixed costs.
+  state:   one round of 4 clients per objective; the bytes each fitted client leaves in the
+           ClientStore, times ``--state-clients`` (1,000), in memory (``client_state: memory``) or
+           as files (``client_state: disk``, where memory holds only an index).
+  cohort:  the client fits of one round (evaluation and checkpoint left out) sequentially and with
+           ``loop.cohort`` on K = 5, 20, 50 clients of two MLP sizes, and the largest difference of
+           the resulting global models.
+
+    python benchmarks/scaling.py                   # all tables, about 1-2 minutes on 2 CPU cores
+    python benchmarks/scaling.py --table clients --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import pickle
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning.clients import FML, MOON, ClientModule, ScaffoldClient
+from fedlightning.server import FedAvg, Scaffold
+from fedlightning.state import ClientStore
+
+DIGITS = dict(dataset="digits", partition="iid", batch_size=32, val_fraction=0.0)
+
+
+def timed_round(model, dm, per_round: int, local_steps: int, **loop_kwargs) -> float:
+    """Seconds of one warm round (fit, aggregate, evaluate, checkpoint) of ``per_round`` clients."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        loop = FederatedLoop(
+            rounds=1, clients_per_round=per_round, local_steps=local_steps, accelerator="cpu",
+            run_dir=run_dir, progress_bar=False, plots=False, **loop_kwargs,
+        )  # fmt: skip
+        start = time.perf_counter()
+        loop.fit(model, datamodule=dm)
+        return time.perf_counter() - start
+
+
+def digits(num_clients: int) -> FederatedDataModule:
+    dm = FederatedDataModule(num_clients=num_clients, **DIGITS)
+    dm.setup()
+    return dm
+
+
+def mlp(dm: FederatedDataModule, hidden: list[int], **kwargs) -> ClientModule:
+    torch.manual_seed(0)
+    return ClientModule(
+        network="mlp", network_kwargs={"hidden": hidden}, num_classes=dm.num_classes,
+        in_channels=dm.in_channels, image_size=dm.image_size, lr=0.05, **kwargs,
+    )  # fmt: skip
+
+
+def clients_table(local_steps: int) -> Table:
+    dm = digits(50)
+    timed_round(mlp(dm, [200, 200]), dm, 2, local_steps)  # warm-up
+    table = Table(
+        title=f"round time against clients per round (MLP 200-200, {local_steps} steps each)"
+    )
+    for column in ("clients K", "round s", "s / client", "time ratio vs K=5", "work ratio"):
+        table.add_column(column, justify="right")
+    base = None
+    for k in (5, 10, 20, 50):
+        seconds = timed_round(mlp(dm, [200, 200]), dm, k, local_steps)
+        base = base or seconds
+        table.add_row(
+            str(k),
+            f"{seconds:.2f}",
+            f"{seconds / k * 1e3:.1f} ms",
+            f"{seconds / base:.2f}",
+            f"{k / 5:.0f}",
+        )
+    return table
+
+
+def model_table(local_steps: int) -> Table:
+    dm = digits(10)
+    table = Table(title=f"round time against model size (10 clients x {local_steps} steps)")
+    for column in ("MLP hidden", "parameters", "round s", "param ratio", "time ratio"):
+        table.add_column(column, justify="right")
+    base = None
+    for hidden in ([32], [200, 200], [1024, 1024], [2048, 2048, 2048]):
+        model = mlp(dm, hidden)
+        timed_round(model, dm, 2, 2)  # warm-up at this size (allocator, kernels)
+        params = sum(p.numel() for p in model.parameters())
+        seconds = timed_round(mlp(dm, hidden), dm, 10, local_steps)
+        base = base or (params, seconds)
+        table.add_row("-".join(map(str, hidden)), f"{params:,}", f"{seconds:.2f}", f"{params / base[0]:.0f}",
+                      f"{seconds / base[1]:.1f}")  # fmt: skip
+    return table
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def state_table(num_clients: int) -> Table:
+    dm = digits(20)
+    objectives = {
+        "SCAFFOLD": (lambda: ScaffoldClient(**_kwargs(dm)), Scaffold, "c_i (trainable params)"),
+        "MOON": (lambda: MOON(**_kwargs(dm)), FedAvg, "previous model"),
+        "FML": (lambda: FML(**_kwargs(dm), momentum=0.9), lambda: FedAvg(weighting="uniform"),
+                "personal model + SGD momentum"),
+    }  # fmt: skip
+    table = Table(
+        title=f"per-client state (MLP 200-200; bytes after one round, x {num_clients:,} clients)"
+    )
+    for column in ("objective", "what", "model MB", "state / client MB", "state / model",
+                   f"memory mode, {num_clients:,} clients", "disk mode: in memory", "disk mode: on disk"):  # fmt: skip
+        table.add_column(column, justify="right" if column not in ("objective", "what") else "left")
+    for name, (make, aggregator, what) in objectives.items():
+        model = make()
+        model_bytes = _tensor_bytes(dict(model.network.state_dict()))
+        with tempfile.TemporaryDirectory() as run_dir:
+            loop = FederatedLoop(
+                rounds=1, clients_per_round=4, local_steps=3, accelerator="cpu", aggregator=aggregator(),
+                run_dir=run_dir, progress_bar=False, plots=False, client_state="disk",
+            )  # fmt: skip
+            loop.fit(model, datamodule=dm)
+            store: ClientStore = loop.store
+            per_client = sum(
+                _tensor_bytes(store.get(c)) for c in range(dm.num_clients) if c in store
+            ) / len(store)
+            on_disk = sum(
+                f.stat().st_size for f in Path(run_dir, "client_state").glob("*.pt")
+            ) / len(store)
+            index = len(pickle.dumps(store.state_dict())) / len(store)
+        mb = 1 / 2**20
+        table.add_row(
+            name, what, f"{model_bytes * mb:.2f}", f"{per_client * mb:.2f}", f"{per_client / model_bytes:.1f}",
+            f"{per_client * num_clients * mb:,.0f} MB", f"{index * num_clients / 1024:,.0f} KB (index)",
+            f"{on_disk * num_clients * mb:,.0f} MB",
+        )  # fmt: skip
+    return table
+
+
+def _kwargs(dm: FederatedDataModule) -> dict:
+    return dict(network="mlp", network_kwargs={"hidden": [200, 200]}, num_classes=dm.num_classes,
+                in_channels=dm.in_channels, image_size=dm.image_size, lr=0.05)  # fmt: skip
+
+
+class TimedLoop(FederatedLoop):
+    """Adds up the seconds spent fitting clients (evaluation and checkpoints left out)."""
+
+    fit_seconds = 0.0
+
+    def _fit_clients(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super()._fit_clients(*args, **kwargs)
+        finally:
+            self.fit_seconds += time.perf_counter() - start
+
+
+def cohort_table(local_steps: int, repeats: int) -> Table:
+    dm = digits(50)
+    table = Table(
+        title=f"client fits of one round: sequential against loop.cohort (SGD momentum 0.9, {local_steps} steps "
+        f"each; best of {repeats})"
+    )
+    for column in (
+        "MLP hidden",
+        "clients K",
+        "sequential s",
+        "cohort s",
+        "speed-up",
+        "max |diff| global model",
+    ):
+        table.add_column(column, justify="right")
+
+    def run(k: int, cohort: bool, hidden: list[int]) -> tuple[float, dict[str, torch.Tensor]]:
+        with tempfile.TemporaryDirectory() as run_dir:
+            loop = TimedLoop(
+                rounds=1, clients_per_round=k, local_steps=local_steps, accelerator="cpu", run_dir=run_dir,
+                progress_bar=False, plots=False, cohort=cohort,
+            )  # fmt: skip
+            loop.fit(mlp(dm, hidden, momentum=0.9), datamodule=dm)
+            return loop.fit_seconds, loop.aggregator.global_state()
+
+    run(2, False, [64]), run(2, True, [64])  # warm-up both paths
+    for hidden, k in (([64], 5), ([64], 20), ([64], 50), ([200, 200], 20), ([200, 200], 50)):
+        best = {False: math.inf, True: math.inf}
+        for _ in range(repeats):  # alternate the paths so that load changes hit both
+            states = {}
+            for cohort in (False, True):
+                seconds, states[cohort] = run(k, cohort, hidden)
+                best[cohort] = min(best[cohort], seconds)
+            seq, coh = states[False], states[True]
+            diff = max(float((seq[key].double() - coh[key].double()).abs().max()) for key in seq)
+        table.add_row("-".join(map(str, hidden)), str(k), f"{best[False]:.2f}", f"{best[True]:.2f}",
+                      f"{best[False] / best[True]:.1f}x", f"{diff:.1e}")  # fmt: skip
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--table", choices=["clients", "model", "state", "cohort", "all"], default="all"
+    )
+    parser.add_argument("--local-steps", type=int, default=10)
+    parser.add_argument("--state-clients", type=int, default=1000)
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="timed runs per cohort row; the best is kept"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: steadiest on a shared machine; 0: torch's default)",
+    )
+    args = parser.parse_args()
+    logging.getLogger("fedlightning").setLevel(logging.ERROR)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    console = Console(width=160)
+    console.print(f"CPU, {torch.get_num_threads()} torch threads")
+    builders = {
+        "clients": lambda: clients_table(args.local_steps),
+        "model": lambda: model_table(args.local_steps),
+        "state": lambda: state_table(args.state_clients),
+        "cohort": lambda: cohort_table(args.local_steps, args.repeats),
+    }
+    for name, build in builders.items():
+        if args.table in (name, "all"):
+            console.print(build())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""InCo Aggregation: Chan et al., "Internal Cross-layer Gradients for Extending Homogeneity to
+Heterogeneity in Federated Learning", ICLR 2024, arXiv:2308.11464 (section 3, Theorem 3.1; the
+``official`` variant follows the authors' released code). ALGORITHMS.md 2.4.
+
+The server update of a deep layer k is mixed with the update of the first layer of its stage
+(``layer 0``), whose update is more homogeneous across clients and architectures. Works on top of
+any aggregator that yields a server state per round (HeteroAvg, its SCAFFOLD and FedNova variants):
+any client objective becomes InCo<Method>.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from fedlightning.errors import ConfigurationError, require
+from fedlightning.protocol import StateDict, Upload
+from fedlightning.server.base import ClientKeys
+from fedlightning.server.heteroavg import HeteroAvg, HeteroNova, HeteroScaffold
+
+VARIANTS = ("official", "paper", "exact")
+#: the official code's bounds: c = clamp(|theta|, 0, C_MAX), g_new clipped to [-CLIP, CLIP]
+C_MAX = 5.0
+CLIP = 0.1
+
+PairRule = Callable[[Sequence[str]], list[tuple[str, str]]]
+PAIR_RULES: dict[str, PairRule] = {}
+
+
+def register_pair_rule(name: str) -> Callable[[PairRule], PairRule]:
+    """Decorator: register ``rule(keys) -> [(deep key, layer-0 key), ...]`` as ``name``. This is how
+    a model family declares its own pairs; ``pair_rule="auto"`` applies every registered rule."""
+
+    def decorate(rule: PairRule) -> PairRule:
+        PAIR_RULES[name] = rule
+        return rule
+
+    return decorate
+
+
+@register_pair_rule("resnet")
+def resnet_pairs(keys: Sequence[str]) -> list[tuple[str, str]]:
+    """``layer{s}.{j}.conv1.weight`` and ``layer{s}.{j}.conv2.weight`` for blocks ``j >= 1``, each
+    with ``layer{s}.0.conv2.weight``; stem, block 0, BN, downsample and the classifier are left out.
+    Any name prefix (e.g. ``backbone.``) is allowed."""
+    present = set(keys)
+    pairs = []
+    for key in keys:
+        match = re.fullmatch(r"(.*?)layer(\d+)\.(\d+)\.conv[12]\.weight", key)
+        if match and int(match.group(3)) >= 1:
+            layer0 = f"{match.group(1)}layer{match.group(2)}.0.conv2.weight"
+            if layer0 in present:
+                pairs.append((key, layer0))
+    return pairs
+
+
+@register_pair_rule("vit")
+def vit_pairs(keys: Sequence[str]) -> list[tuple[str, str]]:
+    """``blocks.{i}.norm2.weight`` with ``blocks.{i}.norm1.weight`` in every block (timm names)."""
+    present = set(keys)
+    pairs = []
+    for key in keys:
+        match = re.fullmatch(r"(.*?)blocks\.(\d+)\.norm2\.weight", key)
+        if match:
+            layer0 = f"{match.group(1)}blocks.{match.group(2)}.norm1.weight"
+            if layer0 in present:
+                pairs.append((key, layer0))
+    return pairs
+
+
+def inco_pairs(
+    state: StateDict, rule: str = "auto", pairs: Iterable[Sequence[str]] | None = None
+) -> list[tuple[str, str]]:
+    """The (deep layer, layer 0) pairs of the model ``state``: the explicit ``pairs`` if given,
+    else those of the registered ``rule`` (``auto``: every registered rule). Both keys must exist
+    and have the same shape, and a layer 0 must not itself be a deep layer."""
+    if pairs is not None:
+        found = [(str(p[0]), str(p[1])) for p in pairs]
+    elif rule == "auto":
+        found = list(dict.fromkeys(p for r in PAIR_RULES.values() for p in r(list(state))))
+    else:
+        require(
+            rule in PAIR_RULES,
+            "aggregator.pair_rule",
+            rule,
+            f"'auto' or one of {', '.join(sorted(PAIR_RULES))}",
+        )
+        found = PAIR_RULES[rule](list(state))
+    for deep, layer0 in found:
+        for key in (deep, layer0):
+            if key not in state:
+                raise ConfigurationError(
+                    f"aggregator.pairs: {key!r} is not a key of the server model"
+                )
+        if state[deep].shape != state[layer0].shape:
+            raise ConfigurationError(
+                f"aggregator.pairs: {deep} {tuple(state[deep].shape)} and {layer0} "
+                f"{tuple(state[layer0].shape)} differ in shape"
+            )
+    if {d for d, _ in found} & {z for _, z in found}:
+        raise ConfigurationError("aggregator.pairs: a layer 0 is also paired as a deep layer")
+    return found
+
+
+def _safe_div(x: Tensor, y: Tensor) -> Tensor:
+    """``x / y`` where ``y != 0``, else 0 (a zero update has no direction)."""
+    nonzero = y != 0
+    return torch.where(
+        nonzero, x / torch.where(nonzero, y, torch.ones_like(y)), torch.zeros_like(x)
+    )
+
+
+def cross_layer_update(
+    g_k: Tensor,
+    g_0: Tensor,
+    variant: Literal["official", "paper", "exact"] = "official",
+    normalize: bool = True,
+    optimize: bool = True,
+) -> Tensor:
+    """InCo's cross-layer update of a deep layer's server update ``g_k`` with its stage's layer-0
+    update ``g_0`` (same shape).
+
+    With ``a = <g_0, g_0>``, ``b = <g_0, g_k>``, ``theta = b / a`` (0 when ``a = 0``):
+    ``g_new = (g_k/||g_k|| + c g_0/||g_0||) (||g_k|| + ||g_0||) / 2`` (``normalize``; a zero vector
+    stays zero when normalised) or ``g_k + c g_0`` (``normalize=False``), where
+
+    - ``official`` (the authors' code, default): ``c = clamp(|theta|, 0, 5)``; for 4-D (conv)
+      tensors a, b, the norms and c are per kernel slice ``[o, i]``; the result is clipped
+      element-wise to ``[-0.1, 0.1]`` (also under the ablations);
+    - ``paper``: ``c = -theta``, per layer, no clipping;
+    - ``exact`` (Theorem 3.1): ``c = -theta`` if ``b < 0`` else 0, per layer; with
+      ``normalize=False`` this is the projection of ``g_k`` onto ``{g : <g, g_0> >= 0}``;
+    - ``optimize=False``: ``c = 1`` (``normalize=False`` too: ``g_k + g_0``, the paper's "w/o N & O").
+
+    Computed in float64, returned in ``g_k``'s dtype.
+
+    >>> g = cross_layer_update(torch.tensor([1.0, -1.0]), torch.tensor([0.0, 1.0]), "exact", normalize=False)
+    >>> g.tolist()
+    [1.0, 0.0]
+    """
+    require(variant in VARIANTS, "aggregator.variant", variant, f"one of {', '.join(VARIANTS)}")
+    if g_k.shape != g_0.shape:
+        raise ValueError(
+            f"g_k {tuple(g_k.shape)} and g_0 {tuple(g_0.shape)} must have the same shape"
+        )
+    gk, g0 = g_k.detach().double(), g_0.detach().double()
+    dims = (2, 3) if variant == "official" and gk.ndim == 4 else tuple(range(gk.ndim))
+
+    def dot(x: Tensor, y: Tensor) -> Tensor:
+        return (x * y).sum(dim=dims, keepdim=True)
+
+    a, b = dot(g0, g0), dot(g0, gk)
+    theta = _safe_div(b, a)
+    if not optimize:
+        c = torch.ones_like(theta)
+    elif variant == "official":
+        c = theta.abs().clamp(0.0, C_MAX)
+    elif variant == "paper":
+        c = -theta
+    else:
+        c = torch.where(b < 0, -theta, torch.zeros_like(theta))
+    if normalize:
+        norm_k, norm_0 = dot(gk, gk).sqrt(), a.sqrt()
+        g = (_safe_div(gk, norm_k) + c * _safe_div(g0, norm_0)) * (norm_k + norm_0) / 2
+    else:
+        g = gk + c * g0
+    if variant == "official":
+        g = g.clamp(-CLIP, CLIP)
+    return g.to(g_k.dtype)
+
+
+def inco_apply(
+    old: StateDict,
+    new: StateDict,
+    pairs: Sequence[tuple[str, str]],
+    updated: set[str],
+    variant: Literal["official", "paper", "exact"] = "official",
+    normalize: bool = True,
+    optimize: bool = True,
+) -> StateDict:
+    """``new`` with each paired deep layer k replaced by ``old_k + cross_layer_update(g_k, g_0)``,
+    ``g = new - old`` (the aggregated server updates, all taken before any replacement). A pair
+    is skipped in a round where its deep layer or its layer 0 is not in ``updated`` (no sampled
+    client owns it: its update is not zero but absent)."""
+    out = dict(new)
+    for deep, layer0 in pairs:
+        if deep not in updated or layer0 not in updated:
+            continue
+        g_k = new[deep].double() - old[deep].double()
+        g_0 = new[layer0].double() - old[layer0].double()
+        g = cross_layer_update(g_k, g_0, variant, normalize, optimize)
+        out[deep] = (old[deep].double() + g).to(old[deep].dtype)
+    return out
+
+
+class InCoMixin:
+    """Put in front of an aggregator with a ``server_update(uploads)`` (HeteroAvg and subclasses):
+    the paired deep layers' aggregated updates go through :func:`cross_layer_update`; every other
+    key keeps the plain aggregated update.
+
+    Args:
+        variant: ``official`` (default: the authors' code, which produced their tables), ``paper``
+            or ``exact`` (Theorem 3.1); see :func:`cross_layer_update`.
+        normalize: the normalised form (ablation: ``False``).
+        optimize: the optimised coefficient c (ablation: ``False`` takes c = 1).
+        pair_rule: ``auto`` (every registered rule: ResNet stages, ViT blocks), ``resnet``, ``vit``
+            or any rule registered with :func:`register_pair_rule`.
+        pairs: explicit ``[[deep key, layer-0 key], ...]`` instead of a rule.
+    """
+
+    def __init__(
+        self,
+        variant: Literal["official", "paper", "exact"] = "official",
+        normalize: bool = True,
+        optimize: bool = True,
+        pair_rule: str = "auto",
+        pairs: list[list[str]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        require(variant in VARIANTS, "aggregator.variant", variant, f"one of {', '.join(VARIANTS)}")
+        require(
+            pair_rule == "auto" or pair_rule in PAIR_RULES,
+            "aggregator.pair_rule",
+            pair_rule,
+            f"'auto' or one of {', '.join(sorted(PAIR_RULES))}",
+        )
+        self.variant = variant
+        self.normalize = normalize
+        self.optimize = optimize
+        self.pair_rule = pair_rule
+        self.explicit_pairs = pairs
+        self.pairs: list[tuple[str, str]] = []
+
+    def setup(
+        self,
+        initial: StateDict,
+        num_clients: int,
+        seed: int = 0,
+        client_keys: Sequence[ClientKeys] | None = None,
+    ) -> None:
+        super().setup(initial, num_clients, seed, client_keys)
+        self.pairs = inco_pairs(initial, self.pair_rule, self.explicit_pairs)
+        if not self.pairs:
+            raise ConfigurationError(
+                f"aggregator.pair_rule={self.pair_rule!r} finds no layer pairs in this model: InCo needs "
+                "ResNet stages or ViT blocks, a registered rule, or explicit aggregator.pairs"
+            )
+
+    def server_update(self, uploads: Sequence[Upload]) -> StateDict:
+        new = super().server_update(uploads)
+        updated = {k for u in uploads for k in u.weights}
+        return inco_apply(
+            self.weights, new, self.pairs, updated, self.variant, self.normalize, self.optimize
+        )
+
+
+class InCo(InCoMixin, HeteroAvg):
+    """InCoAvg: HeteroAvg's layer-wise mean over owners, then InCo's cross-layer updates of the
+    paired deep layers (ALGORITHMS.md 2.4). Client objectives: ``HeteroClientModule`` (InCoAvg),
+    ``HeteroFedProx`` (InCoProx), or any homogeneous ClientModule. See :class:`InCoMixin`."""
+
+
+class InCoScaffold(InCoMixin, HeteroScaffold):
+    """InCoScaffold: :class:`~fedlightning.server.heteroavg.HeteroScaffold`'s update through InCo.
+    Pair with ``HeteroScaffoldClient``. See :class:`InCoMixin`."""
+
+
+class InCoNova(InCoMixin, HeteroNova):
+    """InCoNova: :class:`~fedlightning.server.heteroavg.HeteroNova`'s update through InCo.
+    Pair with ``HeteroFedNovaClient``. See :class:`InCoMixin`."""

@@ -1,0 +1,178 @@
+"""Heterogeneous clients: the ResNet10..26 and ViT-S/8..12 families, client groups and their
+sub-state_dict dispatch, and HeteroAvg's layer-wise mean (ALGORITHMS.md 2.3)."""
+
+import pytest
+import torch
+
+from fedlightning.clients import HeteroClientModule
+from fedlightning.clients.hetero import assign_groups, check_nested
+from fedlightning.errors import ConfigurationError
+from fedlightning.models import create_model
+from fedlightning.protocol import Upload
+from fedlightning.server import FedAvg, HeteroAvg
+from fedlightning.server.base import ClientKeys
+from fedlightning.server.heteroavg import hetero_average
+
+RESNETS = ["resnet10", "resnet14", "resnet18", "resnet22", "resnet26"]
+VITS = ["vit_s8", "vit_s9", "vit_s10", "vit_s11", "vit_s12"]
+NARROW_VIT = {"embed_dim": 12, "num_heads": 2}
+
+
+def _keys(name, **kwargs):
+    return create_model(name, num_classes=10, in_channels=1, image_size=8, **kwargs).state_dict()
+
+
+@pytest.mark.parametrize(("family", "kwargs"), [(RESNETS, {"width": 4}), (VITS, NARROW_VIT)])
+def test_family_members_are_key_prefixes_of_the_largest(family, kwargs):
+    largest = _keys(family[-1], **kwargs)
+    sizes = []
+    for name in family:
+        state = _keys(name, **kwargs)
+        assert set(state) <= set(largest)
+        assert all(value.shape == largest[key].shape for key, value in state.items())
+        sizes.append(len(state))
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+
+
+def test_resnet_blocks_per_stage_and_stems():
+    blocks = {
+        n: [len(getattr(create_model(n, 10, 3, 32, width=4), f"layer{s}")) for s in range(1, 5)]
+        for n in RESNETS
+    }
+    assert blocks == {
+        "resnet10": [1, 1, 1, 1], "resnet14": [1, 1, 2, 2], "resnet18": [2, 2, 2, 2],
+        "resnet22": [2, 2, 3, 3], "resnet26": [3, 3, 3, 3],
+    }  # fmt: skip
+    big = create_model("resnet18", 10, 3, 8, width=4)  # torchvision's stem by default
+    assert big.conv1.kernel_size == (7, 7) and isinstance(big.maxpool, torch.nn.MaxPool2d)
+    assert create_model("resnet18", 10, 3, 64, width=4, stem="auto").conv1.kernel_size == (7, 7)
+    small = create_model("resnet18", 10, 3, 32, width=4, stem="auto")
+    assert small.conv1.kernel_size == (3, 3) and small.feature_dim == 32
+    assert "layer4.1.conv2.weight" in small.state_dict() and "head.weight" in small.state_dict()
+
+
+def test_vit_defaults_are_vit_small():
+    model = create_model("vit_s8", num_classes=10, in_channels=1, image_size=8)
+    assert model.embed_dim == 384 and len(model.blocks) == 8 and model.blocks[0].attn.num_heads == 6
+    assert model.patch_embed.grid_size == (4, 4)
+    assert create_model("vit_s9", 10, 3, 224, embed_dim=12, num_heads=2).patch_embed.patch_size == (
+        16,
+        16,
+    )
+    with pytest.raises(ConfigurationError, match="patch_size"):
+        create_model("vit_s8", 10, 1, 8, patch_size=3, **NARROW_VIT)
+
+
+def test_vit_pretrained_path_copies_the_first_blocks(tmp_path):
+    source = create_model("vit_s12", 5, 1, 16, **NARROW_VIT)
+    torch.save({"state_dict": source.state_dict()}, tmp_path / "vit.pt")
+    model = create_model(
+        "vit_s8", 10, 1, 32, patch_size=4, pretrained_path=str(tmp_path / "vit.pt"), **NARROW_VIT
+    )
+    own, src = model.state_dict(), source.state_dict()
+    assert torch.equal(own["blocks.7.mlp.fc2.weight"], src["blocks.7.mlp.fc2.weight"])
+    assert own["pos_embed"].shape == (1, 1 + 64, 12)  # resampled from a 4x4 to an 8x8 grid
+    assert own["head.weight"].shape == (10, 12)
+    with pytest.raises(ConfigurationError, match="shape"):
+        create_model(
+            "vit_s8", 10, 1, 16, embed_dim=24, num_heads=2, pretrained_path=str(tmp_path / "vit.pt")
+        )
+    with pytest.raises(ConfigurationError, match="existing local file"):
+        create_model(
+            "vit_s8", 10, 1, 16, pretrained_path=str(tmp_path / "missing.pt"), **NARROW_VIT
+        )
+
+
+@pytest.mark.parametrize(
+    ("networks", "kwargs"), [(RESNETS[::-1], {"width": 4}), (["vit_s12", "vit_s8"], NARROW_VIT)]
+)
+def test_groups_smallest_first_and_dispatch_by_key_set(networks, kwargs):
+    model = HeteroClientModule(
+        networks=networks, network_kwargs=kwargs, num_classes=10, image_size=8
+    )
+    assert model.groups == networks[::-1]
+    assert set(model.network.state_dict()) == set(_keys(networks[0], **kwargs))  # the server model
+    key_sets = model.client_key_sets(2 * len(networks))
+    assert [ck.group for ck in key_sets] == [g for g in model.groups for _ in range(2)]
+    server = model.network.state_dict()
+    for group, keys in key_sets:
+        model.load_network_state({k: v for k, v in server.items() if k in keys})
+        assert model.group == group and set(model.network.state_dict()) == keys
+        assert model.network(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+        assert {id(m) for m in model.modules()} >= {id(model.network)}
+        assert sum(1 for _ in model.parameters()) == len(list(model.network.parameters()))
+    with pytest.raises(ValueError, match="no client group"):
+        model.load_network_state({"head.weight": server["head.weight"]})
+
+
+def test_architectures_that_do_not_nest_are_refused():
+    with pytest.raises(ConfigurationError, match="must nest"):
+        HeteroClientModule(
+            networks=["resnet10", "mlp"], network_kwargs={}, num_classes=10, image_size=8
+        )
+    a = {"w": torch.zeros(2, 3)}
+    b = {"w": torch.zeros(3, 3), "v": torch.zeros(1)}
+    with pytest.raises(
+        ConfigurationError, match=r"w has shape \(2, 3\) in small but \(3, 3\) in big"
+    ):
+        check_nested(["small", "big"], [a, b])
+    assert assign_groups(10, 5) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    with pytest.raises(ConfigurationError, match="num_clients=3"):
+        assign_groups(3, 5)
+
+
+def _resnet_states(n, seed=0):
+    torch.manual_seed(seed)
+    return [create_model("resnet14", 10, 1, 8, width=4).state_dict() for _ in range(n)]
+
+
+def test_one_group_heteroavg_is_uniform_fedavg_bitwise():
+    server, *clients = _resnet_states(4)
+    uploads = [Upload(i, s, num_samples=10 * (i + 1), num_steps=1) for i, s in enumerate(clients)]
+    fedavg, hetero = FedAvg(weighting="uniform"), HeteroAvg()
+    keys = frozenset(server)
+    fedavg.setup(server, 3)
+    hetero.setup(server, 3, client_keys=[ClientKeys("resnet14", keys)] * 3)
+    fedavg.aggregate(0, uploads)
+    hetero.aggregate(0, uploads)
+    assert hetero.global_state().keys() == fedavg.global_state().keys()
+    assert all(torch.equal(hetero.global_state()[k], v) for k, v in fedavg.global_state().items())
+
+
+def test_heteroavg_means_over_owners_and_keeps_unowned_keys():
+    server = {
+        "a": torch.tensor([1.0, 1.0]),
+        "b": torch.tensor([0.0]),
+        "c": torch.tensor([5.0]),
+        "bn.running_var": torch.tensor([0.1]),
+    }
+    small = {"a": torch.tensor([3.0, 1.0]), "bn.running_var": torch.tensor([-0.5])}
+    big = {
+        "a": torch.tensor([5.0, 3.0]),
+        "b": torch.tensor([4.0]),
+        "bn.running_var": torch.tensor([0.2]),
+    }
+    out = hetero_average(server, [small, big])
+    assert out["a"].tolist() == [4.0, 2.0]  # 1 + mean(2, 4), 1 + mean(0, 2)
+    assert out["b"].tolist() == [4.0]  # only the big client owns b
+    assert out["c"] is server["c"]  # nobody owns c this round
+    assert out["bn.running_var"].tolist() == [0.0]  # mean(-0.5, 0.2) < 0, clamped
+
+
+def test_heteroavg_payloads_and_deployables_per_group():
+    server = _resnet_states(1)[0]
+    small = frozenset(create_model("resnet10", 10, 1, 8, width=4).state_dict())
+    agg = HeteroAvg()
+    agg.setup(
+        server,
+        4,
+        client_keys=[ClientKeys("resnet10", small)] * 2
+        + [ClientKeys("resnet14", frozenset(server))] * 2,
+    )
+    payloads = agg.configure_round(0, [0, 3, 1])
+    assert set(payloads[0].weights) == small and payloads[0] is payloads[1]
+    assert set(payloads[3].weights) == set(server)
+    assert set(agg.deployables()) == {"global", "resnet10", "resnet14"}
+    assert set(agg.deployables()["resnet10"]) == small
+    with pytest.raises(ConfigurationError, match="server model lacks"):
+        HeteroAvg().setup({"a": torch.zeros(1)}, 1, client_keys=[ClientKeys("x", frozenset({"b"}))])

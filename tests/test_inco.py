@@ -1,0 +1,206 @@
+"""InCo aggregation (ALGORITHMS.md 2.4): cross-layer updates on hand-made tensors, layer pairing,
+and InCo<Method> end to end through the CLI (two rounds, resume)."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedlightning.cli import main
+from fedlightning.errors import ConfigurationError
+from fedlightning.models import create_model
+from fedlightning.server.inco import (
+    CLIP,
+    cross_layer_update,
+    inco_apply,
+    inco_pairs,
+    resnet_pairs,
+    vit_pairs,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and do not fight other processes for cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _pair(shape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(
+        shape, generator=gen, dtype=torch.float64
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_without_normalisation_is_the_projection_onto_the_half_space(seed):
+    g_k, g_0 = _pair((5, 3), seed)
+    g = cross_layer_update(g_k, g_0, "exact", normalize=False)
+    # KKT of min ||g - g_k||^2 s.t. <g, g_0> >= 0: g = g_k + lam g_0, lam >= 0, lam <g, g_0> = 0
+    lam = float(((g - g_k) * g_0).sum() / (g_0 * g_0).sum())
+    assert torch.allclose(g, g_k + lam * g_0, atol=1e-12)
+    assert lam >= 0 and float((g * g_0).sum()) >= -1e-12
+    assert abs(lam * float((g * g_0).sum())) < 1e-10
+    if float((g_k * g_0).sum()) >= 0:
+        assert torch.equal(g, g_k)
+
+
+def test_exact_matches_a_numerical_projection():
+    optimize = pytest.importorskip("scipy.optimize")
+    g_k, g_0 = _pair((7,), 11)
+    g_0 = g_0 if float((g_k * g_0).sum()) < 0 else -g_0  # make the constraint active
+    k, z = g_k.numpy(), g_0.numpy()
+    result = optimize.minimize(
+        lambda g: ((g - k) ** 2).sum(), k, jac=lambda g: 2 * (g - k), method="SLSQP",
+        constraints=[{"type": "ineq", "fun": lambda g: g @ z, "jac": lambda g: z}], tol=1e-12,
+    )  # fmt: skip
+    assert result.success
+    expected = torch.from_numpy(result.x)
+    assert torch.allclose(
+        cross_layer_update(g_k, g_0, "exact", normalize=False), expected, atol=1e-6
+    )
+
+
+def test_official_is_per_kernel_and_clipped_like_a_naive_loop():
+    g_k, g_0 = _pair((3, 2, 3, 3), 1)
+    g_k, g_0 = 0.05 * g_k, 0.05 * g_0
+    g_0[0, 1] = 0  # a zero kernel: theta = 0 and its direction is zero
+    out = cross_layer_update(g_k.float(), g_0.float(), "official")
+    assert out.dtype == torch.float32
+    expected = torch.empty_like(g_k)
+    for o in range(3):
+        for i in range(2):
+            gk, g0 = g_k[o, i], g_0[o, i]
+            a, b = float((g0 * g0).sum()), float((g0 * gk).sum())
+            theta = b / a if a else 0.0
+            c = min(max(abs(theta), 0.0), 5.0)
+            nk, n0 = math.sqrt(float((gk * gk).sum())), math.sqrt(a)
+            u0 = g0 / n0 if n0 else torch.zeros_like(g0)
+            expected[o, i] = ((gk / nk + c * u0) * (nk + n0) / 2).clamp(-CLIP, CLIP)
+    assert torch.allclose(out.double(), expected, atol=1e-6)
+    assert float(out.abs().max()) <= float(torch.tensor(CLIP))
+
+
+def test_paper_variant_and_the_ablations():
+    g_k, g_0 = _pair((4, 4), 2)
+    theta = float((g_0 * g_k).sum() / (g_0 * g_0).sum())
+    nk, n0 = g_k.norm(), g_0.norm()
+    paper = (g_k / nk - theta * g_0 / n0) * (nk + n0) / 2
+    assert torch.allclose(cross_layer_update(g_k, g_0, "paper"), paper)
+    assert torch.allclose(cross_layer_update(g_k, g_0, "paper", normalize=False), g_k - theta * g_0)
+    assert torch.allclose(
+        cross_layer_update(g_k, g_0, "paper", optimize=False), (g_k / nk + g_0 / n0) * (nk + n0) / 2
+    )
+    assert torch.equal(
+        cross_layer_update(g_k, g_0, "paper", normalize=False, optimize=False), g_k + g_0
+    )
+    with pytest.raises(ConfigurationError, match="variant='nope'"):
+        cross_layer_update(g_k, g_0, "nope")
+
+
+def test_pairing_rules_for_resnet_and_vit():
+    keys = list(create_model("resnet14", 10, 1, 8, width=4).state_dict())
+    assert resnet_pairs(keys) == [
+        ("layer3.1.conv1.weight", "layer3.0.conv2.weight"), ("layer3.1.conv2.weight", "layer3.0.conv2.weight"),
+        ("layer4.1.conv1.weight", "layer4.0.conv2.weight"), ("layer4.1.conv2.weight", "layer4.0.conv2.weight"),
+    ]  # fmt: skip
+    assert (
+        len(resnet_pairs(list(create_model("resnet26", 10, 1, 8, width=4).state_dict())))
+        == 4 * 2 * 2
+    )
+    vit = list(create_model("vit_s8", 10, 1, 8, embed_dim=12, num_heads=2).state_dict())
+    assert vit_pairs(vit) == [
+        (f"blocks.{i}.norm2.weight", f"blocks.{i}.norm1.weight") for i in range(8)
+    ]
+    assert resnet_pairs(vit) == [] and vit_pairs(keys) == []
+    assert resnet_pairs(["backbone.layer1.1.conv1.weight", "backbone.layer1.0.conv2.weight"]) == [
+        ("backbone.layer1.1.conv1.weight", "backbone.layer1.0.conv2.weight")
+    ]
+    state = {"deep": torch.zeros(2), "zero": torch.zeros(2), "odd": torch.zeros(3)}
+    assert inco_pairs(state, pairs=[["deep", "zero"]]) == [("deep", "zero")]
+    with pytest.raises(ConfigurationError, match="differ in shape"):
+        inco_pairs(state, pairs=[["deep", "odd"]])
+
+
+def test_inco_apply_skips_pairs_nobody_updated():
+    old = {"k": torch.zeros(3), "z": torch.zeros(3), "other": torch.zeros(1)}
+    new = {
+        "k": torch.tensor([0.01, 0.0, 0.0]),
+        "z": torch.tensor([0.0, 0.02, 0.0]),
+        "other": torch.ones(1),
+    }
+    out = inco_apply(old, new, [("k", "z")], {"k", "z", "other"}, "paper")
+    expected = cross_layer_update(new["k"], new["z"], "paper")
+    assert (
+        torch.allclose(out["k"], expected) and out["z"] is new["z"] and out["other"] is new["other"]
+    )
+    assert inco_apply(old, new, [("k", "z")], {"z"}, "paper")["k"] is new["k"]
+
+
+INCO_METHODS = [
+    [],
+    ["--model.class_path", "fedlightning.clients.HeteroFedProx", "--model.init_args.mu", "0.1"],
+    ["--model.class_path", "fedlightning.clients.HeteroMOON", "--model.init_args.projection_dim", "16"],
+    ["--loop.aggregator.class_path", "fedlightning.server.InCoScaffold",
+     "--model.class_path", "fedlightning.clients.HeteroScaffoldClient", "--model.init_args.optimizer", "sgd",
+     "--model.init_args.lr", "0.05"],
+    ["--loop.aggregator.class_path", "fedlightning.server.InCoNova",
+     "--model.class_path", "fedlightning.clients.HeteroFedNovaClient", "--model.init_args.optimizer", "sgd",
+     "--model.init_args.lr", "0.05", "--model.init_args.momentum", "0.5"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args", INCO_METHODS, ids=["InCoAvg", "InCoProx", "InCoMOON", "InCoScaffold", "InCoNova"]
+)
+def test_inco_methods_run_two_rounds_with_groups(cli, tmp_path, args):
+    rows = cli(tmp_path / "run", "--loop.rounds", "2", *args, config="inco_tiny.yaml")
+    assert [int(r["round"]) for r in rows] == [1, 2]
+    groups = [float(rows[-1][f"{g}/test_acc"]) for g in ("resnet10", "resnet14", "resnet18")]
+    assert float(rows[-1]["group_mean_acc"]) == pytest.approx(sum(groups) / 3)
+    assert float(rows[-1]["resnet18/test_acc"]) == pytest.approx(float(rows[-1]["test_acc"]))
+
+
+def test_inco_resume_is_bitwise_equal(cli, tmp_path):
+    cli(tmp_path / "straight", config="inco_tiny.yaml")
+    cli(tmp_path / "resumed", "--loop.rounds", "1", config="inco_tiny.yaml")
+    rows = cli(
+        tmp_path / "resumed",
+        "--ckpt_path",
+        str(tmp_path / "resumed" / "last.ckpt"),
+        config="inco_tiny.yaml",
+    )
+    assert (tmp_path / "straight" / "global.pt").read_bytes() == (
+        tmp_path / "resumed" / "global.pt"
+    ).read_bytes()
+    assert [int(r["round"]) for r in rows] == [1, 2, 3]
+
+
+def test_groups_need_a_heterogeneous_aggregator(cli, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli(
+            tmp_path / "bad",
+            "--loop.aggregator.class_path",
+            "fedlightning.server.FedAvg",
+            config="inco_tiny.yaml",
+        )
+    assert exit_info.value.code == 2
+    assert "loop.aggregator='FedAvg' is not allowed" in capsys.readouterr().err
+
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+
+
+# the offline configs under configs/ run (and resume exactly) in test_resume_all.py
+@pytest.mark.parametrize("config", ["inco_cifar10_resnet.yaml", "inco_cifar10_vit.yaml"])
+def test_paper_configs_parse(capsys, config):
+    sys.argv = ["fedlightning"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(CONFIGS / "experiments" / config), "--print_config"])
+    assert exit_info.value.code == 0
+    assert "fedlightning.server.InCo" in capsys.readouterr().out
