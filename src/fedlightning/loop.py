@@ -299,9 +299,8 @@ class FederatedLoop:
         initial = {
             k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()
         }
-        client_keys = model.client_key_sets(
-            dm.num_clients
-        )  # None unless clients' architectures differ
+        # each client's group and keys; None unless clients' architectures differ
+        client_keys = model.client_key_sets(dm.num_clients)
         if client_keys is None:
             self.aggregator.setup(initial, dm.num_clients, self.seed)
         else:
