@@ -11,10 +11,10 @@ help:  ## list the targets
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,ray]'
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools; idempotent
+install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools and Ray; idempotent
 
 demo: install  ## federated training on the bundled digits data (offline, about a minute)
 	$(VENV)/bin/fedlightning fit --config configs/quickstart.yaml
@@ -22,8 +22,7 @@ demo: install  ## federated training on the bundled digits data (offline, about 
 test: install  ## the test suite (CPU, tiny data, a few minutes)
 	$(PY) -m pytest
 
-test-all: install  ## the test suite including tests marked slow (installs the ray extra)
-	$(PY) -m pip install --quiet -e '.[dev,ray]'
+test-all: install  ## the test suite including tests marked slow
 	$(PY) -m pytest -m "slow or not slow"
 
 bench: install  ## loop overhead against a hand-written PyTorch loop, and scaling tables

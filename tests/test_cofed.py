@@ -104,8 +104,10 @@ def test_vote_accepts_torch_and_ignores_unowned_classes():
     [
         ({"alpha": 1.5}, r"alpha=1.5 is not allowed: expected a number in \[0, 1\]"),
         ({"margin": -0.1}, r"margin=-0.1 is not allowed"),
-        ({"weights": [1, 1]}, r"expected 3 numbers >= 0"),
-        ({"weights": [1, -1, 1]}, r"expected 3 numbers >= 0"),
+        ({"weights": [1, 1]}, r"expected 3 finite numbers >= 0"),
+        ({"weights": [1, -1, 1]}, r"weights=\[1.0, -1.0, 1.0\] is not allowed: expected 3 finite"),
+        ({"weights": [1, float("inf"), 1]}, r"expected 3 finite numbers >= 0"),
+        ({"weights": [1, float("nan"), 1]}, r"expected 3 finite numbers >= 0"),
     ],
 )
 def test_vote_rejects_bad_options(kwargs, message):

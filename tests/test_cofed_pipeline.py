@@ -107,6 +107,10 @@ def test_tabular_public_rows_come_from_the_pooled_marginals():
             r"weights=\[1.0, 2.0\] is not allowed: expected null or one weight per participant \(4\)",
         ),
         (
+            ["--weights", "[1, .inf, 1, 1]"],
+            r"weights=\[1.0, inf, 1.0, 1.0\] is not allowed: expected null or finite numbers >= 0",
+        ),
+        (
             ["--participants.init_args.models", "[nope]"],
             r"participants.models=\['nope'\] is not allowed",
         ),

@@ -71,6 +71,15 @@ def test_similarity_selection_ignores_the_diagonal_and_breaks_ties_low():
     assert select_collaborators(sim, 3, "lowest_similarity") == [1, 0, 1, 0]  # round plays no part
 
 
+def test_similarity_selection_never_picks_i_even_with_infinite_values():
+    inf = float("inf")
+    assert select_collaborators(torch.full((3, 3), inf), 0, "lowest_similarity") == [1, 0, 0]
+    assert select_collaborators(torch.full((3, 3), -inf), 0, "highest_similarity") == [1, 0, 0]
+    sim = torch.tensor([[5.0, inf, 3.0], [-inf, 0.0, inf], [inf, -inf, 0.0]])
+    assert select_collaborators(sim, 0, "lowest_similarity") == [2, 0, 1]
+    assert select_collaborators(sim, 0, "highest_similarity") == [1, 2, 0]
+
+
 def test_selection_refuses_bad_input():
     with pytest.raises(ValueError, match="K x K"):
         select_collaborators(torch.zeros(2, 3), 0)

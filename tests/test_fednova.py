@@ -33,6 +33,21 @@ def test_normalised_averaging_on_hand_made_numbers():
     assert torch.allclose(out["w"], torch.tensor([2.0, 0.0]))
 
 
+def test_running_statistics_take_the_fedavg_mean_not_the_extrapolation():
+    x = {"w": torch.tensor([1.0]), "bn.running_mean": torch.tensor([0.0])}
+    x["bn.running_var"] = torch.tensor([1.0])
+    states = [
+        {"w": torch.tensor([0.0]), "bn.running_mean": torch.tensor([1.0]), "bn.running_var": torch.tensor([0.1])},
+        {"w": torch.tensor([0.0]), "bn.running_mean": torch.tensor([3.0]), "bn.running_var": torch.tensor([0.3])},
+    ]  # fmt: skip
+    out = fednova_aggregate(x, states, a=[1.0, 10.0], weights=[1.0, 1.0])
+    # w: tau_eff = 5.5, d = (1, 0.1): 1 - 5.5 * 0.55 = -2.025 (the global model's coefficient < 0)
+    assert out["w"].item() == pytest.approx(-2.025)
+    # the same extrapolation would give running_var 1 - 5.5 * (0.45 + 0.035) < 0: NaN in BatchNorm
+    assert out["bn.running_var"].item() == pytest.approx(0.2)
+    assert out["bn.running_mean"].item() == pytest.approx(2.0)
+
+
 def _uploads(n_states=3, a=None):
     gen = torch.Generator().manual_seed(0)
     states = [
@@ -106,3 +121,10 @@ def test_fednova_client_reports_a_from_its_real_steps_and_momentum(tmp_path):
 def test_fednova_client_refuses_adam():
     with pytest.raises(ConfigurationError, match="optimizer 'sgd'.*'adam'"):
         FedNovaClient(optimizer="adam", **SYNTHETIC)
+
+
+def test_fednova_client_refuses_a_precision_that_skips_steps():
+    # a step skipped by 16-mixed's gradient scaler is still counted in global_step (tau_i)
+    with pytest.raises(ConfigurationError, match="16-mixed.*FedNovaClient"):
+        FedNovaClient.check_precision("16-mixed")
+    FedNovaClient.check_precision("bf16-mixed")

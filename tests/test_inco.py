@@ -38,9 +38,9 @@ def _pair(shape, seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_exact_without_normalisation_is_the_projection_onto_the_half_space(seed):
+def test_exact_is_the_projection_onto_the_half_space(seed):
     g_k, g_0 = _pair((5, 3), seed)
-    g = cross_layer_update(g_k, g_0, "exact", normalize=False)
+    g = cross_layer_update(g_k, g_0, "exact")
     # KKT of min ||g - g_k||^2 s.t. <g, g_0> >= 0: g = g_k + lam g_0, lam >= 0, lam <g, g_0> = 0
     lam = float(((g - g_k) * g_0).sum() / (g_0 * g_0).sum())
     assert torch.allclose(g, g_k + lam * g_0, atol=1e-12)
@@ -61,9 +61,7 @@ def test_exact_matches_a_numerical_projection():
     )  # fmt: skip
     assert result.success
     expected = torch.from_numpy(result.x)
-    assert torch.allclose(
-        cross_layer_update(g_k, g_0, "exact", normalize=False), expected, atol=1e-6
-    )
+    assert torch.allclose(cross_layer_update(g_k, g_0, "exact"), expected, atol=1e-6)
 
 
 def test_official_is_per_kernel_and_clipped_like_a_naive_loop():
@@ -101,6 +99,26 @@ def test_paper_variant_and_the_ablations():
     )
     with pytest.raises(ConfigurationError, match="variant='nope'"):
         cross_layer_update(g_k, g_0, "nope")
+
+
+def test_normalised_exact_uses_the_theorem_coefficient_and_is_not_the_projection():
+    g_k = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    g_0 = torch.tensor([-3.0, 4.0, 1.0], dtype=torch.float64)  # b < 0 and ||g_0|| > ||g_k||
+    a, b = float(g_0 @ g_0), float(g_0 @ g_k)
+    nk, n0 = g_k.norm(), g_0.norm()
+    expected = (g_k / nk - (b / a) * g_0 / n0) * (nk + n0) / 2
+    g = cross_layer_update(g_k, g_0, "exact", normalize=True)
+    assert torch.allclose(g, expected)
+    assert float(g @ g_0) == pytest.approx(b * (1 / nk - 1 / n0) * (nk + n0) / 2) and g @ g_0 < 0
+    assert torch.allclose(
+        cross_layer_update(g_k, -g_0, "exact", normalize=True), g_k / nk * (nk + n0) / 2
+    )  # b > 0
+    # the default (normalize=None) is Theorem 3.1's projection, as normalize=False
+    assert torch.allclose(cross_layer_update(g_k, g_0, "exact"), g_k - (b / a) * g_0)
+    assert torch.equal(
+        cross_layer_update(g_k, g_0, "exact"),
+        cross_layer_update(g_k, g_0, "exact", normalize=False),
+    )
 
 
 def test_pairing_rules_for_resnet_and_vit():

@@ -93,6 +93,42 @@ def test_one_scaffold_step_is_corrected_and_renews_c_i_to_the_gradient():
     assert torch.allclose(extras["delta_c"]["weight"], g - c_i["weight"], atol=1e-6)
 
 
+def test_scaffold_with_momentum_and_weight_decay_matches_a_hand_written_loop():
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 3, generator=gen), torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])
+    w0 = {"weight": torch.randn(2, 3, generator=gen), "bias": torch.randn(2, generator=gen)}
+    c = {k: 0.1 * torch.randn(v.shape, generator=gen) for k, v in w0.items()}
+    c_i = {k: 0.1 * torch.randn(v.shape, generator=gen) for k, v in w0.items()}
+    lr, rho, wd, steps = 0.2, 0.9, 0.01, 4
+    module = ScaffoldClient(
+        network=nn.Linear(3, 2), num_classes=2, lr=lr, momentum=rho, weight_decay=wd
+    )
+    module.begin_client(0, Payload(w0, extras={"c": c}), {"c_i": c_i})
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=TensorBatches(x, y, batch_size=4))
+    weights, extras, state = module.end_client()
+    # by hand: SGD with momentum and weight decay on the CE gradient, then y <- y - lr (c - c_i)
+    w, buffer = {k: v.clone() for k, v in w0.items()}, {}
+    for t in range(steps):
+        xb, yb = x[4 * (t % 2) : 4 * (t % 2) + 4], y[4 * (t % 2) : 4 * (t % 2) + 4]
+        params = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+        loss = F.cross_entropy(xb @ params["weight"].T + params["bias"], yb)
+        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
+        for k in w:
+            d = grads[k] + wd * w[k]
+            buffer[k] = d if t == 0 else rho * buffer[k] + d
+            w[k] = w[k] - lr * buffer[k] - lr * (c[k] - c_i[k])
+    assert module.num_steps == steps
+    for k in w:
+        assert torch.allclose(weights[k], w[k], atol=1e-6)
+        c_plus = c_i[k] - c[k] + (w0[k] - w[k]) / (steps * lr)
+        assert torch.allclose(state["c_i"][k], c_plus, atol=1e-5)
+        assert torch.allclose(extras["delta_c"][k], c_plus - c_i[k], atol=1e-5)
+
+
 def test_server_c_stays_the_mean_of_all_client_control_variates(tmp_path):
     loop = synthetic_run(
         ScaffoldClient(momentum=0.5, **SYNTHETIC), Scaffold(), rounds=3, tmp_path=tmp_path

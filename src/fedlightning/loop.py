@@ -35,7 +35,13 @@ from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.state import ClientStore
-from fedlightning.training import direct_fit, direct_fit_refusal, lean_trainer, quiet_lightning
+from fedlightning.training import (
+    cpu_compute,
+    direct_fit,
+    direct_fit_refusal,
+    lean_trainer,
+    quiet_lightning,
+)
 
 log = logging.getLogger("fedlightning")
 
@@ -94,6 +100,9 @@ class FederatedLoop:
             fits up to floating-point rounding.
         num_threads: torch intra-op threads during the run (null: torch's default). Small models
             gain little from several threads, and they oversubscribe a busy machine.
+        onednn: use oneDNN (MKL-DNN) CPU kernels during the run. Off by default: torch 2.14.1's
+            oneDNN convolution backward corrupted the heap (the process aborts) on this project's
+            CPUs; see :func:`fedlightning.training.cpu_compute`. No effect on GPU kernels.
         backend: run client fits one after the other in this process (``sequential``) or on
             long-lived Ray actors that keep the data (``ray``, :mod:`fedlightning.backends.ray`;
             needs the ``ray`` extra). Results do not depend on the backend.
@@ -136,6 +145,7 @@ class FederatedLoop:
         num_gpus_per_client: float = 0.0,
         num_cpus_per_client: int = 1,
         num_threads: int | None = None,
+        onednn: bool = False,
     ) -> None:
         require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
         require(
@@ -222,6 +232,7 @@ class FederatedLoop:
         self.cohort = cohort
         self.backend = backend
         self.num_threads = num_threads
+        self.onednn = onednn
         self.ray_settings = dict(
             address=ray_address, num_workers=num_workers, num_gpus_per_client=num_gpus_per_client,
             num_cpus_per_client=num_cpus_per_client,
@@ -260,13 +271,11 @@ class FederatedLoop:
                 f"model num_classes={classes} but the {datamodule.dataset!r} labels run up to "
                 f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
             )
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads or threads)
         try:
-            with quiet_lightning():
+            with cpu_compute(self.num_threads, self.onednn), quiet_lightning():
                 return self._run(model, datamodule, per_round, ckpt_path)
         finally:
-            torch.set_num_threads(threads)
+            self._stop_remote()
 
     def resolve_clients_per_round(self, num_clients: int) -> int:
         """K from ``clients_per_round`` (an int, or a fraction of N rounded up)."""
@@ -483,6 +492,12 @@ class FederatedLoop:
             backend.start(model, dm)
             self._remote = (backend, model, dm)
         return self._remote[0].fit(r, client_ids, payloads)
+
+    def _stop_remote(self) -> None:
+        """Give the Ray actors' CPUs/GPUs back to the cluster (a later fit starts new ones)."""
+        if self._remote is not None:
+            self._remote[0].stop()
+            self._remote = None
 
     def _trainer(self, **kwargs: Any) -> pl.Trainer:
         return lean_trainer(self.accelerator, self.precision, self.devices, **kwargs)

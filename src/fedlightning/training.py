@@ -1,5 +1,6 @@
-"""Lean Lightning Trainers for the many small fits of a federated run, and a context that keeps
-Lightning's per-Trainer banners out of the output."""
+"""Lean Lightning Trainers for the many small fits of a federated run, a context that keeps
+Lightning's per-Trainer banners out of the output, and one that sets torch's CPU compute settings
+(threads, oneDNN) for the length of a run."""
 
 from __future__ import annotations
 
@@ -32,6 +33,30 @@ def lean_trainer(
         use_distributed_sampler=False,
         **kwargs,
     )
+
+
+@contextmanager
+def cpu_compute(num_threads: int | None = None, onednn: bool = False) -> Iterator[None]:
+    """Run the block with ``num_threads`` torch intra-op threads (``None``: unchanged) and oneDNN
+    (MKL-DNN) CPU kernels on or off; both are restored afterwards.
+
+    oneDNN is off by default: with torch 2.14.1 on this project's CPUs, oneDNN's convolution
+    backward (``mkldnn_convolution_backward_weights``) corrupted the heap while training the
+    ResNet10..26 family on 8x8 inputs (glibc aborts the process: ``corrupted double-linked list``,
+    ``free(): invalid pointer``), with 1 thread as with 2. torch's native CPU convolutions give the
+    same results up to floating-point rounding and are as fast for the small models federated
+    simulations train on a CPU (``benchmarks/overhead.py --onednn`` compares). GPU kernels are not
+    affected by this setting.
+    """
+    threads, onednn_before = torch.get_num_threads(), torch.backends.mkldnn.enabled
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    torch.backends.mkldnn.enabled = onednn
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.mkldnn.enabled = onednn_before
 
 
 @contextmanager

@@ -18,8 +18,6 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, Upload
 
@@ -39,6 +37,10 @@ def _ray():
     return ray
 
 
+#: how often Ray restarts an actor whose process died
+_MAX_RESTARTS = 3
+
+
 class ClientWorker:
     """One actor: a client module, the data module and a sequential loop to fit clients with."""
 
@@ -50,11 +52,12 @@ class ClientWorker:
         threads: int,
     ):
         from fedlightning.loop import FederatedLoop
-        from fedlightning.training import quiet_lightning
+        from fedlightning.training import cpu_compute, quiet_lightning
 
-        torch.set_num_threads(threads)
-        self._quiet = quiet_lightning()
-        self._quiet.__enter__()  # for the actor's whole life: it builds many Trainers
+        # for the actor's whole life: it fits many clients and builds many Trainers
+        self._contexts = [cpu_compute(threads, loop_settings["onednn"]), quiet_lightning()]
+        for context in self._contexts:
+            context.__enter__()
         self.model = model
         self.dm = dm
         self.dm.setup()
@@ -124,11 +127,16 @@ class RayBackend:
                 "accelerator",
                 "seed",
                 "direct_fit",
+                "onednn",
             )
         }
         if not self.num_gpus and settings["accelerator"] == "auto":
             settings["accelerator"] = "cpu"  # an actor without GPUs must not pick one up
-        worker = ray.remote(num_cpus=self.num_cpus, num_gpus=self.num_gpus)(ClientWorker)
+        # an actor whose process dies (out of memory, a crashed kernel) fails the clients it was
+        # fitting and is restarted for the next ones
+        worker = ray.remote(
+            num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_restarts=_MAX_RESTARTS
+        )(ClientWorker)
         model = copy.deepcopy(model)
         model.trainer = None
         model_ref, dm_ref = ray.put(model), ray.put(dm)
@@ -156,6 +164,8 @@ class RayBackend:
                 if isinstance(cause, ConfigurationError):
                     raise cause from None
                 results[cid] = cause
+            except ray.exceptions.RayActorError as error:  # the actor died: that client failed
+                results[cid] = error
         return results
 
     def stop(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fedlightning.clients.base import ClientModule
+from fedlightning.clients.scaffold import NO_SKIP_PRECISIONS
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import StateDict
 
@@ -33,6 +34,8 @@ class FedNovaClient(ClientModule):
 
     Only SGD is allowed (a_i describes SGD with momentum; Adam has no such factor). Weight decay
     acts on the gradient and does not change a_i (as in the authors' code without a proximal term).
+    Precisions that can skip optimizer steps (``16-mixed`` with its gradient scaler) are refused:
+    the Trainer counts a skipped step in ``global_step``, so ``tau_i`` would not be the real count.
     Pair with :class:`fedlightning.server.FedNova`.
 
     Args:
@@ -40,6 +43,7 @@ class FedNovaClient(ClientModule):
     """
 
     upload_extras: ClassVar[frozenset[str]] = frozenset({"a"})
+    supported_precisions: ClassVar[frozenset[str]] = NO_SKIP_PRECISIONS
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

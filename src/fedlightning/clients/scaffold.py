@@ -12,6 +12,10 @@ from fedlightning.clients.base import ClientModule
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, StateDict
 
+#: Lightning precisions whose optimizer steps are never skipped by a gradient scaler (``16-mixed``
+#: skips a step with non-finite gradients, yet the Trainer still counts it)
+NO_SKIP_PRECISIONS = frozenset({"32-true", "32", "bf16-mixed", "64-true"})
+
 
 def scaffold_control_update(
     c_i: StateDict, c: StateDict, x: StateDict, y: StateDict, num_steps: int, lr: float
@@ -44,12 +48,18 @@ class ScaffoldClient(ClientModule):
     ``c`` comes in the payload (extra ``"c"``), ``c_i`` lives in the ClientStore (zeros before a
     client's first participation); both are shaped like the trainable parameters. The correction
     is applied to the parameters after each step rather than folded into the gradient, so that it
-    is exactly ``-lr (c - c_i)`` whatever the momentum (as in NIID-Bench's SCAFFOLD).
+    is exactly ``-lr (c - c_i)`` whatever the momentum (as in NIID-Bench's SCAFFOLD). The two forms
+    of ALGORITHMS.md 1.4 agree for plain SGD, with or without weight decay; with momentum rho the
+    gradient form would feed ``c - c_i`` into the momentum buffer (up to ``lr (c - c_i) / (1 - rho)``
+    per step), so the after-step form is the one taken. ``K_i`` counts the optimizer steps (one
+    per batch) and ``lr`` is the optimizer's step size, so ``(x - y) / (K_i lr)`` is the mean
+    update direction: the mean gradient of the local objective (weight decay included) for plain
+    SGD, its momentum-weighted mean with momentum (an approximation the reference implementations
+    accept), plus ``c - c_i``, which option II subtracts again.
 
-    Only SGD is allowed: option II estimates the mean gradient as ``(x - y) / (K lr)``, which holds
-    for SGD steps (with momentum, as an approximation the reference implementations accept) and
-    not for Adam. Precisions that can skip optimizer steps (``16-mixed`` with its gradient scaler)
-    are refused: a skipped step would still be counted in ``K_i`` and corrected.
+    Only SGD is allowed: an Adam step is not ``lr`` times a gradient, so ``(x - y) / (K_i lr)``
+    would not estimate one. Precisions that can skip optimizer steps (``16-mixed`` with its
+    gradient scaler) are refused: a skipped step would still be counted in ``K_i`` and corrected.
     Pair with :class:`fedlightning.server.Scaffold`.
 
     Args:
@@ -58,10 +68,7 @@ class ScaffoldClient(ClientModule):
 
     required_payload_extras: ClassVar[frozenset[str]] = frozenset({"c"})
     upload_extras: ClassVar[frozenset[str]] = frozenset({"delta_c"})
-    #: precisions whose optimizer steps are never skipped by a gradient scaler
-    supported_precisions: ClassVar[frozenset[str]] = frozenset(
-        {"32-true", "32", "bf16-mixed", "64-true"}
-    )
+    supported_precisions: ClassVar[frozenset[str]] = NO_SKIP_PRECISIONS
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

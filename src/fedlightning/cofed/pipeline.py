@@ -22,7 +22,7 @@ from fedlightning.cofed.tasks import CoFEDData, LabelSpaceTasks, Tasks
 from fedlightning.cofed.voting import vote
 from fedlightning.errors import require
 from fedlightning.seeding import derive_seed
-from fedlightning.training import quiet_lightning
+from fedlightning.training import cpu_compute, quiet_lightning
 
 
 @dataclass
@@ -64,6 +64,9 @@ class CoFED:
         num_threads: torch intra-op threads during the run (null: torch's default). Small models
             gain nothing from several threads, and on a busy machine they oversubscribe the cores
             (1 thread was 40x faster than 2 for the digits CNNs on a shared 2-core machine).
+        onednn: use oneDNN (MKL-DNN) CPU kernels (off by default: torch 2.14.1's oneDNN
+            convolution backward corrupted the heap here; see
+            :func:`fedlightning.training.cpu_compute`).
     """
 
     def __init__(
@@ -77,14 +80,15 @@ class CoFED:
         run_dir: str | None = None,
         progress_bar: bool = True,
         num_threads: int | None = None,
+        onednn: bool = False,
     ) -> None:
         require(0.0 <= alpha <= 1.0, "alpha", alpha, "a number in [0, 1]")
         require(0.0 <= margin <= 1.0, "margin", margin, "a number in [0, 1]")
         require(
-            weights is None or all(w >= 0 for w in weights),
+            weights is None or all(0 <= w < float("inf") for w in weights),
             "weights",
             weights,
-            "null or numbers >= 0",
+            "null or finite numbers >= 0",
         )
         require(
             num_threads is None or num_threads >= 1,
@@ -101,16 +105,13 @@ class CoFED:
         self.run_dir = Path(run_dir if run_dir is not None else "runs/cofed")
         self.progress_bar = progress_bar
         self.num_threads = num_threads
+        self.onednn = onednn
         self.console = Console(stderr=True)
 
     def run(self) -> CoFEDResult:
         """Run the pipeline and write the report to ``run_dir``."""
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.num_threads or threads)
-        try:
+        with cpu_compute(self.num_threads, self.onednn):
             return self._run()
-        finally:
-            torch.set_num_threads(threads)
 
     def _run(self) -> CoFEDResult:
         started = time.perf_counter()

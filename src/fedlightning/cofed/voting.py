@@ -74,7 +74,7 @@ def vote(
         alpha: score threshold in [0, 1]: ``S_c = {s : score(s, c) > alpha}`` (see
             :func:`vote_scores`; ``alpha = 1`` labels nothing).
         margin: confidence margin in [0, 1] on ``p_top1 - p_top2`` (0 disables it).
-        weights: credibility weights ``w_i >= 0`` (default all 1).
+        weights: finite credibility weights ``w_i >= 0`` (default all 1).
 
     Returns:
         Per participant, ``(indices, labels)``: the public samples
@@ -138,9 +138,9 @@ def _check(
                 f"participant {i}: label space {space.tolist()} must hold distinct class ids >= 0"
             )
     w = np.ones(len(probs)) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != (len(probs),) or not np.all(w >= 0):
+    if w.shape != (len(probs),) or not np.all((w >= 0) & np.isfinite(w)):
         raise ConfigurationError(
-            f"weights={list(np.atleast_1d(w))} is not allowed: expected {len(probs)} numbers >= 0, "
-            "one credibility weight per participant"
+            f"weights={np.atleast_1d(w).tolist()} is not allowed: expected {len(probs)} finite "
+            "numbers >= 0, one credibility weight per participant"
         )
     return w

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator
@@ -125,10 +125,12 @@ def select_collaborators(
         return [(i + offset) % k for i in range(k)]
     if strategy not in SELECTIONS:
         raise ValueError(f"strategy must be one of {SELECTIONS}, got {strategy!r}")
-    highest = strategy == "highest_similarity"
-    masked = similarity.detach().to(torch.float64).clone()
-    masked.fill_diagonal_(-torch.inf if highest else torch.inf)
-    return (masked.argmax(dim=1) if highest else masked.argmin(dim=1)).tolist()
+    # i is left out by position, not by an infinite diagonal, so co(i) != i even when a row holds
+    # +-inf; the index into row i without its diagonal maps back as j = t + (t >= i)
+    values = similarity.detach().to("cpu", torch.float64)
+    others = values[~torch.eye(k, dtype=torch.bool)].reshape(k, k - 1)
+    t = others.argmax(dim=1) if strategy == "highest_similarity" else others.argmin(dim=1)
+    return (t + (t >= torch.arange(k)).long()).tolist()
 
 
 def propeller_collaborators(num_models: int, round: int) -> list[tuple[int, int]]:
@@ -403,5 +405,4 @@ class FedCross(Aggregator):
 
 
 def _require(ok: bool, option: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ConfigurationError(f"FedCross {option}={value!r} is not allowed: expected {allowed}")
+    require(ok, f"FedCross {option}", value, allowed)

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from fedlightning.protocol import StateDict, Upload
 from fedlightning.server.fedavg import FedAvg
+from fedlightning.server.fedcross import RUNNING_STATISTICS
 from fedlightning.server.functional import weighted_average
 
 
@@ -25,6 +26,11 @@ def fednova_aggregate(
     :func:`~fedlightning.server.functional.weighted_average` (float64 accumulation). When every
     ``a_i`` is equal, ``tau_eff = a_i``, ``c_i = p_i`` and ``c_0 = 0`` hold exactly, so the result
     is bit for bit the FedAvg mean. Integer buffers come from the first client state.
+
+    Normalisation running statistics (``*.running_mean``, ``*.running_var``) are not SGD iterates:
+    they take the FedAvg mean ``sum_i p_i x_i``. Otherwise ``c_0 <= 0`` (Cauchy-Schwarz:
+    ``tau_eff sum_i p_i / a_i >= 1``) would extrapolate them, and ``running_var`` could turn
+    negative (NaN in the global model's BatchNorm).
     """
     if len(states) != len(a) or len(states) != len(weights):
         raise ValueError(f"{len(states)} states, {len(a)} factors a_i and {len(weights)} weights")
@@ -39,7 +45,11 @@ def fednova_aggregate(
     rest = total - sum(coefficients)  # the global model's coefficient, times total
     if rest == 0:
         return weighted_average(states, coefficients)
-    return weighted_average([*states, global_state], [*coefficients, rest])
+    out = weighted_average([*states, global_state], [*coefficients, rest])
+    statistics = [k for k in global_state if k.rsplit(".", 1)[-1] in RUNNING_STATISTICS]
+    if statistics:
+        out.update(weighted_average([{k: s[k] for k in statistics} for s in states], weights))
+    return out
 
 
 class FedNova(FedAvg):
@@ -47,8 +57,8 @@ class FedNova(FedAvg):
     ``tau_eff = sum_i p_i a_i``, ``x <- x - tau_eff * sum_i p_i (x - x_i) / a_i``, with each
     client's ``a_i`` read from its upload extra ``"a"``.
 
-    With equal ``a_i`` (equal step counts, no momentum) this is exactly FedAvg. Float buffers
-    (BatchNorm statistics) are combined like parameters. Pair with
+    With equal ``a_i`` (equal step counts, no momentum) this is exactly FedAvg. BatchNorm running
+    statistics take the FedAvg mean (see :func:`fednova_aggregate`). Pair with
     :class:`fedlightning.clients.FedNovaClient`.
 
     Args:

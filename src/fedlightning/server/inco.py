@@ -118,31 +118,42 @@ def cross_layer_update(
     g_k: Tensor,
     g_0: Tensor,
     variant: Literal["official", "paper", "exact"] = "official",
-    normalize: bool = True,
+    normalize: bool | None = None,
     optimize: bool = True,
 ) -> Tensor:
     """InCo's cross-layer update of a deep layer's server update ``g_k`` with its stage's layer-0
     update ``g_0`` (same shape).
 
     With ``a = <g_0, g_0>``, ``b = <g_0, g_k>``, ``theta = b / a`` (0 when ``a = 0``):
-    ``g_new = (g_k/||g_k|| + c g_0/||g_0||) (||g_k|| + ||g_0||) / 2`` (``normalize``; a zero vector
+    ``g_new = (g_k/||g_k|| + c g_0/||g_0||) (||g_k|| + ||g_0||) / 2`` (normalised; a zero vector
     stays zero when normalised) or ``g_k + c g_0`` (``normalize=False``), where
 
     - ``official`` (the authors' code, default): ``c = clamp(|theta|, 0, 5)``; for 4-D (conv)
       tensors a, b, the norms and c are per kernel slice ``[o, i]``; the result is clipped
       element-wise to ``[-0.1, 0.1]`` (also under the ablations);
     - ``paper``: ``c = -theta``, per layer, no clipping;
-    - ``exact`` (Theorem 3.1): ``c = -theta`` if ``b < 0`` else 0, per layer; with
-      ``normalize=False`` this is the projection of ``g_k`` onto ``{g : <g, g_0> >= 0}``;
+    - ``exact`` (Theorem 3.1 as stated): ``c = -theta`` if ``b < 0`` else 0, per layer, not
+      normalised: ``g_k`` if ``b >= 0`` else ``g_k - theta g_0``, the projection of ``g_k`` onto
+      ``{g : <g, g_0> >= 0}``;
     - ``optimize=False``: ``c = 1`` (``normalize=False`` too: ``g_k + g_0``, the paper's "w/o N & O").
+
+    ``normalize=None`` (default) takes each variant's own form: normalised for ``official`` and
+    ``paper``, the plain projection for ``exact``. Decision (ALGORITHMS.md 2.4 lists ``exact``
+    beside the normalised update, but names it "Theorem 3.1 as stated", whose update is the
+    projection): ``exact`` means the theorem; ``exact`` with ``normalize=True`` is the normalised
+    update with the theorem's coefficient, which is *not* a projection: ``<g_new, g_0>`` is
+    ``b (1/||g_k|| - 1/||g_0||) (||g_k|| + ||g_0||) / 2``, below 0 when ``b < 0`` and
+    ``||g_0|| > ||g_k||``.
 
     Computed in float64, returned in ``g_k``'s dtype.
 
-    >>> g = cross_layer_update(torch.tensor([1.0, -1.0]), torch.tensor([0.0, 1.0]), "exact", normalize=False)
+    >>> g = cross_layer_update(torch.tensor([1.0, -1.0]), torch.tensor([0.0, 1.0]), "exact")
     >>> g.tolist()
     [1.0, 0.0]
     """
     require(variant in VARIANTS, "aggregator.variant", variant, f"one of {', '.join(VARIANTS)}")
+    if normalize is None:
+        normalize = variant != "exact"
     if g_k.shape != g_0.shape:
         raise ValueError(
             f"g_k {tuple(g_k.shape)} and g_0 {tuple(g_0.shape)} must have the same shape"
@@ -179,7 +190,7 @@ def inco_apply(
     pairs: Sequence[tuple[str, str]],
     updated: set[str],
     variant: Literal["official", "paper", "exact"] = "official",
-    normalize: bool = True,
+    normalize: bool | None = None,
     optimize: bool = True,
 ) -> StateDict:
     """``new`` with each paired deep layer k replaced by ``old_k + cross_layer_update(g_k, g_0)``,
@@ -204,8 +215,10 @@ class InCoMixin:
 
     Args:
         variant: ``official`` (default: the authors' code, which produced their tables), ``paper``
-            or ``exact`` (Theorem 3.1); see :func:`cross_layer_update`.
-        normalize: the normalised form (ablation: ``False``).
+            or ``exact`` (Theorem 3.1's projection); see :func:`cross_layer_update`.
+        normalize: ``null`` (default): the variant's own form (normalised for ``official`` and
+            ``paper``, the plain projection for ``exact``); ``false``: the "w/o N" ablation;
+            ``true``: normalised, also for ``exact``.
         optimize: the optimised coefficient c (ablation: ``False`` takes c = 1).
         pair_rule: ``auto`` (every registered rule: ResNet stages, ViT blocks), ``resnet``, ``vit``
             or any rule registered with :func:`register_pair_rule`.
@@ -215,7 +228,7 @@ class InCoMixin:
     def __init__(
         self,
         variant: Literal["official", "paper", "exact"] = "official",
-        normalize: bool = True,
+        normalize: bool | None = None,
         optimize: bool = True,
         pair_rule: str = "auto",
         pairs: list[list[str]] | None = None,
