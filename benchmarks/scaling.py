@@ -2,7 +2,12 @@
 per-client state that stateful objectives keep (SCAFFOLD, MOON, FML) extrapolated to many clients.
 
 Every table is measured in one run and gives ratios within that run (the machine's load changes
-between runs; compare ratios, not seconds, across runs).
+between runs; compare ratios, not seconds, across runs). ``--accelerator`` and ``--precision`` set
+the device and precision of the clients and model tables (on CUDA the clock is read after
+``torch.cuda.synchronize()``); the state table counts bytes, which do not depend on either, and is
+measured on the CPU in full precision (SCAFFOLD refuses ``16-mixed``); the cohort table runs only
+with ``--accelerator cpu --precision 32-true`` (the cohort path trains in full precision only) and
+is skipped with a note otherwise.
 
   clients: an MLP on digits, 50 clients, ``local_steps`` steps each; one round with K = 5, 10, 20,
            50 sampled clients. ``s/client`` flat in K means the loop adds no per-round cost that
@@ -18,6 +23,8 @@ between runs; compare ratios, not seconds, across runs).
 
     python benchmarks/scaling.py                   # all tables, about 1-2 minutes on 2 CPU cores
     python benchmarks/scaling.py --table clients --threads 1
+    python benchmarks/scaling.py --accelerator cuda --precision bf16-mixed --table clients
+    python benchmarks/scaling.py --accelerator cuda --precision bf16-mixed --table model
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import argparse
 import logging
 import math
 import pickle
+import platform
 import tempfile
 import time
 from pathlib import Path
@@ -40,18 +48,44 @@ from fedlightning.server import FedAvg, Scaffold
 from fedlightning.state import ClientStore
 
 DIGITS = dict(dataset="digits", partition="iid", batch_size=32, val_fraction=0.0)
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+#: where the clients and model tables run (``--accelerator``, ``--precision``)
+CPU_FULL = dict(accelerator="cpu", precision="32-true")
 
 
-def timed_round(model, dm, per_round: int, local_steps: int, **loop_kwargs) -> float:
-    """Seconds of one warm round (fit, aggregate, evaluate, checkpoint) of ``per_round`` clients."""
+def clock(accelerator: str) -> float:
+    """``time.perf_counter()`` after the device's queued work is done."""
+    if accelerator == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def device_name(accelerator: str) -> str:
+    if accelerator == "cuda":
+        return torch.cuda.get_device_name()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return "CPU " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"CPU {platform.processor() or platform.machine()}".strip()
+
+
+def timed_round(
+    model, dm, per_round: int, local_steps: int, compute: dict = CPU_FULL, **loop_kwargs
+) -> float:
+    """Seconds of one warm round (fit, aggregate, evaluate, checkpoint) of ``per_round`` clients
+    on ``compute`` (``accelerator`` and ``precision``)."""
     with tempfile.TemporaryDirectory() as run_dir:
         loop = FederatedLoop(
-            rounds=1, clients_per_round=per_round, local_steps=local_steps, accelerator="cpu",
-            run_dir=run_dir, progress_bar=False, plots=False, **loop_kwargs,
+            rounds=1, clients_per_round=per_round, local_steps=local_steps, run_dir=run_dir,
+            progress_bar=False, plots=False, **compute, **loop_kwargs,
         )  # fmt: skip
-        start = time.perf_counter()
+        start = clock(compute["accelerator"])
         loop.fit(model, datamodule=dm)
-        return time.perf_counter() - start
+        return clock(compute["accelerator"]) - start
 
 
 def digits(num_clients: int) -> FederatedDataModule:
@@ -68,17 +102,18 @@ def mlp(dm: FederatedDataModule, hidden: list[int], **kwargs) -> ClientModule:
     )  # fmt: skip
 
 
-def clients_table(local_steps: int) -> Table:
+def clients_table(local_steps: int, compute: dict = CPU_FULL) -> Table:
     dm = digits(50)
-    timed_round(mlp(dm, [200, 200]), dm, 2, local_steps)  # warm-up
+    timed_round(mlp(dm, [200, 200]), dm, 2, local_steps, compute)  # warm-up
     table = Table(
-        title=f"round time against clients per round (MLP 200-200, {local_steps} steps each)"
+        title=f"round time against clients per round (MLP 200-200, {local_steps} steps each, "
+        f"{compute['accelerator']}, {compute['precision']})"
     )
     for column in ("clients K", "round s", "s / client", "time ratio vs K=5", "work ratio"):
         table.add_column(column, justify="right")
     base = None
     for k in (5, 10, 20, 50):
-        seconds = timed_round(mlp(dm, [200, 200]), dm, k, local_steps)
+        seconds = timed_round(mlp(dm, [200, 200]), dm, k, local_steps, compute)
         base = base or seconds
         table.add_row(
             str(k),
@@ -90,17 +125,20 @@ def clients_table(local_steps: int) -> Table:
     return table
 
 
-def model_table(local_steps: int) -> Table:
+def model_table(local_steps: int, compute: dict = CPU_FULL) -> Table:
     dm = digits(10)
-    table = Table(title=f"round time against model size (10 clients x {local_steps} steps)")
+    table = Table(
+        title=f"round time against model size (10 clients x {local_steps} steps, "
+        f"{compute['accelerator']}, {compute['precision']})"
+    )
     for column in ("MLP hidden", "parameters", "round s", "param ratio", "time ratio"):
         table.add_column(column, justify="right")
     base = None
     for hidden in ([32], [200, 200], [1024, 1024], [2048, 2048, 2048]):
         model = mlp(dm, hidden)
-        timed_round(model, dm, 2, 2)  # warm-up at this size (allocator, kernels)
+        timed_round(model, dm, 2, 2, compute)  # warm-up at this size (allocator, kernels)
         params = sum(p.numel() for p in model.parameters())
-        seconds = timed_round(mlp(dm, hidden), dm, 10, local_steps)
+        seconds = timed_round(mlp(dm, hidden), dm, 10, local_steps, compute)
         base = base or (params, seconds)
         table.add_row("-".join(map(str, hidden)), f"{params:,}", f"{seconds:.2f}", f"{params / base[0]:.0f}",
                       f"{seconds / base[1]:.1f}")  # fmt: skip
@@ -126,7 +164,8 @@ def state_table(num_clients: int) -> Table:
                 "personal model + SGD momentum"),
     }  # fmt: skip
     table = Table(
-        title=f"per-client state (MLP 200-200; bytes after one round, x {num_clients:,} clients)"
+        title=f"per-client state (MLP 200-200; bytes after one round, x {num_clients:,} clients; "
+        "CPU, 32-true)"
     )
     for column in ("objective", "what", "model MB", "state / client MB", "state / model",
                    f"memory mode, {num_clients:,} clients", "disk mode: in memory", "disk mode: on disk"):  # fmt: skip
@@ -227,6 +266,8 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=2, help="timed runs per cohort row; the best is kept"
     )
+    parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=PRECISIONS, default="32-true")
     parser.add_argument(
         "--threads",
         type=int,
@@ -234,20 +275,34 @@ def main() -> None:
         help="torch threads (1: steadiest on a shared machine; 0: torch's default)",
     )
     args = parser.parse_args()
+    if args.accelerator == "cuda" and not torch.cuda.is_available():
+        parser.error("--accelerator cuda: no CUDA device is available")
+    if args.accelerator == "cpu" and args.precision == "16-mixed":
+        parser.error("--precision 16-mixed needs CUDA (Lightning runs bf16-mixed instead on CPU)")
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
     if args.threads:
         torch.set_num_threads(args.threads)
+    compute = dict(accelerator=args.accelerator, precision=args.precision)
     console = Console(width=160)
-    console.print(f"CPU, {torch.get_num_threads()} torch threads")
+    console.print(
+        f"{device_name(args.accelerator)}, {args.precision}, {torch.get_num_threads()} torch threads"
+    )
     builders = {
-        "clients": lambda: clients_table(args.local_steps),
-        "model": lambda: model_table(args.local_steps),
+        "clients": lambda: clients_table(args.local_steps, compute),
+        "model": lambda: model_table(args.local_steps, compute),
         "state": lambda: state_table(args.state_clients),
         "cohort": lambda: cohort_table(args.local_steps, args.repeats),
     }
     for name, build in builders.items():
-        if args.table in (name, "all"):
-            console.print(build())
+        if args.table not in (name, "all"):
+            continue
+        if name == "cohort" and compute != CPU_FULL:
+            console.print(
+                f"cohort table skipped: the cohort path runs on the CPU in 32-true only "
+                f"(here {args.accelerator}, {args.precision})"
+            )
+            continue
+        console.print(build())
 
 
 if __name__ == "__main__":

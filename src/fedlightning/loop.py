@@ -29,7 +29,7 @@ from fedlightning.analysis.plots import plot_curves, plot_partition
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.loader import TensorBatches
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.errors import ConfigurationError, RunStopped, require
 from fedlightning.protocol import Payload, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator
@@ -336,9 +336,12 @@ class FederatedLoop:
                 if len(uploads) >= self.min_clients:
                     self.aggregator.aggregate(r, uploads)
                 elif self.on_round_failure == "stop":
-                    raise RuntimeError(
+                    checkpoint = self.run_dir / "last.ckpt"
+                    resume = f"; --ckpt_path {checkpoint} resumes" if checkpoint.is_file() else ""
+                    raise RunStopped(
                         f"round {r + 1}: only {len(uploads)} of {per_round} clients succeeded "
                         f"(min_clients={self.min_clients}); stopping as on_round_failure='stop'"
+                        + resume
                     )
                 else:
                     log.warning(
