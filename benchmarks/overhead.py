@@ -11,10 +11,11 @@ includes its per-round evaluation, metrics and checkpoint (``plots`` off: drawin
 reporting, not training). ``--direct-fit off`` fits every client with a Lightning Trainer (mixed
 precision always does).
 
-The hand-written side keeps every client's data as tensors on the device (copied there once, inside
-its timed region) and the global model on the device; in ``bf16-mixed``/``16-mixed`` it runs forward
-and loss under ``torch.autocast(device, dtype)``, with a ``torch.amp.GradScaler`` per client fit for
-``16-mixed`` (as Lightning's precision plugin does). Both sides run under the same oneDNN setting
+The hand-written side keeps every client's data as tensors on the device (copied there once,
+inside its timed region) and the client and global models on the device (FedAvg's float64 weighted
+mean computed there; the loop uploads to and averages on the CPU); in ``bf16-mixed``/``16-mixed``
+it runs forward and loss under ``torch.autocast(device, dtype)``, with a ``torch.amp.GradScaler``
+per client fit for ``16-mixed`` (as Lightning's precision plugin does). Both sides run under the same oneDNN setting
 (``--onednn``, :func:`fedlightning.training.cpu_compute`; no effect on GPU kernels). On CUDA the
 clock is read after ``torch.cuda.synchronize()``.
 
@@ -62,7 +63,6 @@ from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.data.loader import TensorBatches
 from fedlightning.loop import sample_clients
 from fedlightning.seeding import derive_seed
-from fedlightning.server.functional import weighted_average
 from fedlightning.training import cpu_compute
 
 
@@ -187,6 +187,7 @@ def run_loop(
             onednn=setup.onednn, seed=seed, eval_every=rounds, checkpoint_every=rounds, run_dir=run_dir,
             progress_bar=False, plots=False, direct_fit=direct_fit,
         )  # fmt: skip
+        loop.console.quiet = True
         start = clock(setup.device)
         loop.fit(model, datamodule=dm)
         elapsed = clock(setup.device) - start
@@ -241,7 +242,7 @@ def run_by_hand(
                             break
                 uploads.append({k: v.detach().clone() for k, v in net.state_dict().items()})
                 sizes.append(dm.client_num_samples(cid))
-            global_state = weighted_average(uploads, sizes)
+            global_state = average_on_device(uploads, sizes)
         net.load_state_dict(global_state)
         net.eval()
         test = dm.test_dataloader()
@@ -254,6 +255,24 @@ def run_by_hand(
         assert correct >= 0
         elapsed = clock(device) - start
     return elapsed, global_state, samples
+
+
+def average_on_device(
+    states: list[dict[str, torch.Tensor]], weights: list[int]
+) -> dict[str, torch.Tensor]:
+    """The arithmetic of :func:`fedlightning.server.functional.weighted_average` (float64
+    accumulation in client order, integer entries from the first state) on the states' device."""
+    total = float(sum(weights))
+    out = {}
+    for key, first in states[0].items():
+        if not first.is_floating_point():
+            out[key] = first.clone()
+            continue
+        acc = torch.zeros(first.shape, dtype=torch.float64, device=first.device)
+        for weight, state in zip(weights, states, strict=True):
+            acc.add_(state[key].to(torch.float64), alpha=float(weight) / total)
+        out[key] = acc.to(first.dtype)
+    return out
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -313,7 +332,8 @@ def main() -> None:
     cases = CASES.values() if args.case == "all" else [CASES[args.case]]
     for case in cases:
         dm, module = make(case, args.seed)
-        per_sample = forward_flops_per_sample(module.network, next(iter(dm.test_dataloader()))[0])
+        batch = next(iter(dm.client_train_dataloader(0, args.seed)))[0]
+        per_sample = forward_flops_per_sample(module.network, batch)
         run_by_hand(case, 1, args.seed, setup)  # warm-up both paths (allocator, kernels, imports)
         run_loop(case, 1, args.seed, setup, direct)
         hand_time = loop_time = math.inf

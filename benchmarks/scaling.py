@@ -83,6 +83,7 @@ def timed_round(
             rounds=1, clients_per_round=per_round, local_steps=local_steps, run_dir=run_dir,
             progress_bar=False, plots=False, **compute, **loop_kwargs,
         )  # fmt: skip
+        loop.console.quiet = True
         start = clock(compute["accelerator"])
         loop.fit(model, datamodule=dm)
         return clock(compute["accelerator"]) - start

@@ -1,3 +1,5 @@
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -76,3 +78,21 @@ def test_resize_and_shape_properties():
 def test_bad_data_options_are_refused(kwargs, message):
     with pytest.raises(ConfigurationError, match=message):
         FederatedDataModule(**kwargs)
+
+
+def test_training_data_placed_on_a_device_gives_the_same_batches_and_is_not_pickled():
+    dm = FederatedDataModule(dataset="digits", num_clients=4, partition="iid", batch_size=16)
+    dm.setup()
+    on_cpu = [(x.clone(), y.clone()) for x, y in dm.client_train_dataloader(1, seed=5)]
+    assert dm.place_training_data(torch.device("meta"))  # a device other than the CPU
+    placed = list(dm.client_train_dataloader(1, seed=5))
+    assert all(x.device.type == "meta" and y.device.type == "meta" for x, y in placed)
+    assert [x.shape for x, _ in placed] == [x.shape for x, _ in on_cpu]
+    copy = pickle.loads(pickle.dumps(dm))  # Ray ships data modules to workers without it
+    again = list(copy.client_train_dataloader(1, seed=5))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        for a, b in zip(again, on_cpu, strict=True)
+    )
+    assert dm.place_training_data(torch.device("cpu"))
+    assert all(x.device.type == "cpu" for x, _ in dm.client_train_dataloader(1, seed=5))

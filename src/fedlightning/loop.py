@@ -298,6 +298,8 @@ class FederatedLoop:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob(".last.ckpt.tmp-*"):  # left by a run killed mid-write
             stale.unlink()
+        if self.backend == "sequential":  # Ray workers place their own copy
+            self.place_training_data(dm)
         dm.save_partition(self.run_dir / "partition.csv")
         if self.plots:
             plot_partition(
@@ -495,6 +497,12 @@ class FederatedLoop:
             backend.start(model, dm)
             self._remote = (backend, model, dm)
         return self._remote[0].fit(r, client_ids, payloads)
+
+    def place_training_data(self, dm: FederatedDataModule) -> None:
+        """Client data stays on the fitting device (a GPU) for the whole run when it fits."""
+        device = self._root_device()
+        if not dm.place_training_data(device):
+            log.info("the training data does not fit on %s: batches are copied per step", device)
 
     def _stop_remote(self) -> None:
         """Give the Ray actors' CPUs/GPUs back to the cluster (a later fit starts new ones)."""

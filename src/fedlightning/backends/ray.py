@@ -67,6 +67,7 @@ class ClientWorker:
             plots=False,
             **loop_settings,
         )
+        self.loop.place_training_data(self.dm)
 
     def fit(
         self, round_index: int, cid: int, payload: Payload, state: dict[str, Any]

@@ -118,6 +118,8 @@ class FederatedDataModule(pl.LightningDataModule):
         self._parts: list[np.ndarray] | None = None
         self._train_idx: list[torch.Tensor] = []
         self._val_idx: list[torch.Tensor] = []
+        # the training pool on the fitting device (see place_training_data); None: on the CPU
+        self._device_pool: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- loading --------------------------------------------------------------------------------
     @property
@@ -195,11 +197,36 @@ class FederatedDataModule(pl.LightningDataModule):
         return len(self._train_idx[client_id])
 
     def client_train_dataloader(self, client_id: int, seed: int) -> TensorBatches:
-        """Client ``client_id``'s training batches, shuffled from ``seed``."""
+        """Client ``client_id``'s training batches, shuffled from ``seed`` (on the device given to
+        :meth:`place_training_data`, else on the CPU)."""
         idx = self._train_idx[client_id]
-        return TensorBatches(
-            self.data.train_x[idx], self.data.train_y[idx], self.batch_size, shuffle=True, seed=seed
-        )
+        x, y = self._device_pool or (self.data.train_x, self.data.train_y)
+        return TensorBatches(x[idx], y[idx], self.batch_size, shuffle=True, seed=seed)
+
+    def place_training_data(self, device: torch.device, max_fraction: float = 0.25) -> bool:
+        """Keep a copy of the training pool on ``device`` so that client fits index their batches
+        there, with no host-to-device copy per batch; only if it takes at most ``max_fraction`` of
+        the device's free memory. Returns whether the data is on ``device``. Batches and their
+        shuffles are the same as on the CPU (the shuffle order is drawn on the CPU)."""
+        if device.type == "cpu":
+            self._device_pool = None
+            return True
+        x, y = self.data.train_x, self.data.train_y
+        size = x.element_size() * x.numel() + y.element_size() * y.numel()
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            if size > max_fraction * free:
+                self._device_pool = None
+                return False
+        self._device_pool = (x.to(device), y.to(device))
+        return True
+
+    def __getstate__(self) -> dict:
+        """Pickled without the device copy (Ray ships the data module to workers, which place
+        their own)."""
+        state = self.__dict__.copy()
+        state["_device_pool"] = None
+        return state
 
     def client_val_dataloader(self, client_id: int) -> TensorBatches:
         idx = self._val_idx[client_id]
