@@ -348,9 +348,13 @@ def main() -> None:
         )
         floor = 3 * per_sample * samples / rate
         table.add_row(case.name, case.description, f"{hand_time:.2f}", f"{loop_time:.2f}",
-                      f"{loop_time / hand_time:.2f}", f"{floor:.3f}", f"{hand_time / floor:.1f}",
-                      f"{loop_time / floor:.1f}", f"{diff:.1e}")  # fmt: skip
+                      f"{loop_time / hand_time:.2f}", f"{floor:.2e}", f"{_times(hand_time / floor)}",
+                      f"{_times(loop_time / floor)}", f"{diff:.1e}")  # fmt: skip
     Console(width=150).print(table)
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.1f}" if ratio < 100 else f"{ratio:,.0f}"
 
 
 if __name__ == "__main__":

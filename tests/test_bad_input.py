@@ -37,6 +37,7 @@ CASES = [
     (["--model", "fedlightning.clients.ScaffoldClient"], r"ScaffoldClient needs \['c'\].*FedAvg"),
     ([AGG, "fedlightning.server.Scaffold"], r"Scaffold needs \['delta_c'\].*ClientModule"),
     ([AGG, "fedlightning.server.FedNova"], r"FedNova needs .*ClientModule"),
+    (["--model", "fedlightning.clients.FML"], r"FML needs its uploads averaged with weighting='uniform'.*FedAvg has weighting='samples'"),
     (["--model", "fedlightning.clients.ScaffoldClient", AGG, "fedlightning.server.Scaffold",
       "--loop.precision", "16-mixed"], r"precision='16-mixed' is not supported by ScaffoldClient"),
     (["--model", "fedlightning.clients.HeteroClientModule", "--model.networks", "[resnet10, vit_s8]",

@@ -651,6 +651,16 @@ class FederatedLoop:
                 f"client objective {objective} needs {sorted(missing)} from the server, which aggregator "
                 f"{agg} does not send: pair it with its own aggregator"
             )
+        weighting = getattr(self.aggregator, "weighting", None)
+        if model.required_weighting is not None and weighting not in (
+            None,
+            model.required_weighting,
+        ):
+            raise ConfigurationError(
+                f"client objective {objective} needs its uploads averaged with weighting="
+                f"{model.required_weighting!r}, but aggregator {agg} has weighting={weighting!r}: "
+                f"set loop.aggregator.init_args.weighting: {model.required_weighting}"
+            )
         missing = self.aggregator.required_upload_extras - model.upload_extras
         if missing:
             raise ConfigurationError(

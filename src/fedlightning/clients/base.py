@@ -49,6 +49,9 @@ class ClientModule(pl.LightningModule):
     required_payload_extras: ClassVar[frozenset[str]] = frozenset()
     #: upload extras this objective produces (e.g. SCAFFOLD's ``delta_c``)
     upload_extras: ClassVar[frozenset[str]] = frozenset()
+    #: how the aggregator must weight this objective's uploads (``None``: as configured; FML:
+    #: ``"uniform"``), checked at start-up against an aggregator's ``weighting`` option
+    required_weighting: ClassVar[str | None] = None
     #: Lightning precisions this objective can train with (``None``: any), checked by
     #: :meth:`check_precision` in :meth:`setup`, before the first step
     supported_precisions: ClassVar[frozenset[str] | None] = None

@@ -74,6 +74,7 @@ class FML(ClientModule):
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
 
+    required_weighting: ClassVar[str | None] = "uniform"  # the server's mean of the memes
     supported_precisions: ClassVar[frozenset[str]] = frozenset(
         {"32-true", "32", "bf16-mixed", "64-true"}
     )

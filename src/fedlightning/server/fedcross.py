@@ -19,14 +19,17 @@ from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator
-from fedlightning.server.functional import clone_state, uniform_average, weighted_average
+from fedlightning.server.functional import (
+    RUNNING_STATISTICS,
+    clone_state,
+    uniform_average,
+    weighted_average,
+)
 
 Selection = Literal["lowest_similarity", "highest_similarity", "in_order"]
 SimilarityMeasure = Literal["cosine", "layerwise"]
 SELECTIONS = ("lowest_similarity", "highest_similarity", "in_order")
 MEASURES = ("cosine", "layerwise")
-#: float buffers that are statistics of the data, not learned weights (torch's normalisation layers)
-RUNNING_STATISTICS = ("running_mean", "running_var")
 
 
 # -- pure functions ---------------------------------------------------------------------------------

@@ -8,8 +8,7 @@ from typing import ClassVar, Literal
 
 from fedlightning.protocol import StateDict, Upload
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.server.fedcross import RUNNING_STATISTICS
-from fedlightning.server.functional import weighted_average
+from fedlightning.server.functional import RUNNING_STATISTICS, weighted_average
 
 
 def fednova_aggregate(

@@ -13,6 +13,9 @@ import torch
 
 from fedlightning.protocol import StateDict
 
+#: float buffers that are statistics of the data, not learned weights (torch's normalisation layers)
+RUNNING_STATISTICS = ("running_mean", "running_var")
+
 
 def clone_state(state: StateDict) -> StateDict:
     """A detached, contiguous CPU copy of ``state`` (own storage per tensor)."""
