@@ -90,7 +90,8 @@ class FederatedLoop:
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
         progress_bar: show a rich progress bar over rounds.
         direct_fit: fit a client whose module needs no Trainer machinery (automatic optimization,
-            full precision, no batch-transfer/clipping/scheduler hooks) with
+            ``32-true``, ``bf16-mixed`` or ``16-mixed``, no batch-transfer/clipping/scheduler
+            hooks) with
             :func:`fedlightning.training.direct_fit`: the same hooks and steps as ``Trainer.fit``
             (bitwise equal results) without its per-fit setup; other clients, and all of them
             when this is off, get a lean Trainer each.
@@ -436,10 +437,9 @@ class FederatedLoop:
             (-1 if self.local_steps else self.local_epochs),
             (self.local_steps or -1),
         )
-        if self.direct_fit and direct_fit_refusal(model, self.precision) is None:
-            num_steps = direct_fit(
-                model, batches, self._root_device(), self.precision, max_epochs, max_steps
-            )
+        device = self._root_device()
+        if self.direct_fit and direct_fit_refusal(model, self.precision, device) is None:
+            num_steps = direct_fit(model, batches, device, self.precision, max_epochs, max_steps)
         else:
             trainer = self._trainer(max_epochs=max_epochs, max_steps=max_steps, limit_val_batches=0)
             trainer.fit(model, train_dataloaders=batches)

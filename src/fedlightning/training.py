@@ -300,7 +300,12 @@ def direct_fit(
     The module sees the same calls with the same tensors in the same order as in a Trainer fit, so
     with the same seeds and batches the trained weights and the step count are bitwise those of a
     ``Trainer.fit`` (``tests/test_lean_fit.py`` compares them). No validation runs during the fit
-    (the loop's Trainer fits use ``limit_val_batches=0``).
+    (the loop's Trainer fits use ``limit_val_batches=0``). Known differences outside the
+    numerics: the module is moved to ``device`` before ``setup`` (a Trainer moves it after
+    ``configure_model``, and runs an overridden ``configure_model`` under ``with device:``); it is
+    put in train mode (Lightning 2.6 keeps each submodule's mode); and it stays on ``device``
+    after the fit (a Trainer's strategy teardown moves it and the optimizer state to the CPU
+    before ``on_fit_end``; the next client fit would move it back).
     """
     name, reason = _plugin_precision(precision, device)
     if name is None:
