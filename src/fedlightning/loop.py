@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.utilities.seed import seed_everything
 from lightning.pytorch.loggers import CSVLogger, Logger
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -31,7 +30,7 @@ from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.loader import TensorBatches
 from fedlightning.errors import ConfigurationError, RunStopped, require
 from fedlightning.protocol import Payload, Upload
-from fedlightning.seeding import derive_seed
+from fedlightning.seeding import derive_seed, seed_fit
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.state import ClientStore
@@ -430,7 +429,7 @@ class FederatedLoop:
         self, model: ClientModule, dm: FederatedDataModule, r: int, cid: int, payload: Payload
     ) -> tuple[Upload, dict[str, Any]]:
         fit_seed = derive_seed(self.seed, "fit", r, cid)
-        seed_everything(fit_seed % (2**32), verbose=False)
+        seed_fit(fit_seed)
         model.begin_client(cid, payload, self.store.get(cid))
         batches = dm.client_train_dataloader(cid, fit_seed)
         max_epochs, max_steps = (

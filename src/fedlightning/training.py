@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.loops.optimization.automatic import Closure, ClosureResult
+from lightning.pytorch.loops.optimization.automatic import Closure
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from lightning.pytorch.utilities.signature_utils import is_param_in_hook_signature
@@ -345,29 +345,27 @@ def direct_fit(
             empty = False
             batch = _to_device(batch, device)
             args = (batch, batch_idx) if pass_batch_idx else (batch,)
-            results: list[ClosureResult] = []
+            results: list[tuple[Any, dict[str, Any]]] = []
 
-            @torch.enable_grad()
             def closure(args=args, results=results, batch_idx=batch_idx, epoch=epoch) -> Any:
-                with forward_context():
-                    out = model.training_step(*args)
-                result = ClosureResult.from_training_step_output(out)
-                results.append(result)
-                if result.closure_loss is None:
-                    Closure.warning_cache.warn(
-                        "`training_step` returned `None`. If this was on purpose, ignore this "
-                        "warning..."
-                    )
-                model.on_before_zero_grad(optimizer)
-                model.optimizer_zero_grad(epoch, batch_idx, optimizer)
-                if result.closure_loss is not None:
-                    loss = result.closure_loss
-                    if scaler is not None:
-                        loss = scaler.scale(loss)
-                    model.on_before_backward(loss)
-                    model.backward(loss)
-                    model.on_after_backward()
-                return result.loss
+                with torch.enable_grad():
+                    with forward_context():
+                        out = model.training_step(*args)
+                    loss, extra = _step_output(out)
+                    results.append((loss, extra))
+                    if loss is None:
+                        Closure.warning_cache.warn(
+                            "`training_step` returned `None`. If this was on purpose, ignore this "
+                            "warning..."
+                        )
+                    model.on_before_zero_grad(optimizer)
+                    model.optimizer_zero_grad(epoch, batch_idx, optimizer)
+                    if loss is not None:
+                        scaled = loss if scaler is None else scaler.scale(loss)
+                        model.on_before_backward(scaled)
+                        model.backward(scaled)
+                        model.on_after_backward()
+                    return None if loss is None else loss.detach()
 
             model.optimizer_step(epoch, batch_idx, wrapped, closure)
             state.global_step += 1
@@ -377,8 +375,8 @@ def direct_fit(
                     "your `optimizer_step` hook? It could also happen because the "
                     "`optimizer.step(optimizer_closure)` call did not execute it internally."
                 )
-            result = results[-1]
-            outputs = {} if result.loss is None else result.asdict()
+            loss, extra = results[-1]
+            outputs = {} if loss is None else {"loss": loss.detach(), **extra}
             model.on_train_batch_end(outputs, batch, batch_idx)
             if state.global_step == max_steps:
                 break
@@ -390,6 +388,26 @@ def direct_fit(
     model.on_fit_end()
     model.teardown("fit")
     return state.global_step
+
+
+def _step_output(out: Any) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """``(loss, extra keys)`` from ``training_step``'s output, read as Lightning's ``ClosureResult``
+    reads it (a tensor, a dict with ``"loss"``, or ``None`` to skip the step). Lightning also
+    divides the loss by ``accumulate_grad_batches`` (1 here) and clones it for the outputs: exact
+    no-ops on the values that cost two tensor ops per step, left out."""
+    if isinstance(out, Mapping):
+        if out.get("loss") is None:
+            raise MisconfigurationException(
+                "In automatic_optimization, when `training_step` returns a dict, the 'loss' key "
+                "needs to be present"
+            )
+        return out["loss"], {k: v for k, v in out.items() if k != "loss"}
+    if out is None or isinstance(out, torch.Tensor):
+        return out, {}
+    raise MisconfigurationException(
+        "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where "
+        "the step will be skipped)."
+    )
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -20,7 +20,6 @@ from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.seed import seed_everything
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -29,7 +28,7 @@ from fedlightning.clients.fedprox import FedProx
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, Upload
-from fedlightning.seeding import derive_seed
+from fedlightning.seeding import derive_seed, seed_fit
 
 COHORT_OBJECTIVES = (ClientModule, FedProx)
 COHORT_PRECISIONS = ("32-true", "32")
@@ -141,7 +140,7 @@ def fit_cohort(
             steps += active.long()
             loss_sums += torch.where(active, values.detach().cpu().double(), 0.0)
     # the global RNG as a sequential round leaves it: seeded for the last client's fit
-    seed_everything(derive_seed(seed, "fit", round_index, client_ids[-1]) % (2**32), verbose=False)
+    seed_fit(derive_seed(seed, "fit", round_index, client_ids[-1]))
     uploads: dict[int, Upload] = {}
     for i, cid in enumerate(client_ids):
         start = payloads[cid].weights

@@ -18,7 +18,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lightning.fabric.utilities.seed import seed_everything
 from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
@@ -26,7 +25,7 @@ from fedlightning.data.loader import TensorBatches
 from fedlightning.errors import require
 from fedlightning.loop import PRECISIONS
 from fedlightning.models.registry import create_model, list_models, model_builder
-from fedlightning.seeding import derive_seed
+from fedlightning.seeding import derive_seed, seed_fit
 from fedlightning.training import lean_trainer
 
 
@@ -234,7 +233,7 @@ class TorchParticipant(Participant):
         self.module.class_weight = (
             None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
         )
-        seed_everything(seed % 2**32, verbose=False)
+        seed_fit(seed)
         self.module.train()  # predictions left it in eval mode, and Lightning keeps a module's mode
         trainer = lean_trainer(
             self.settings.accelerator,
