@@ -179,6 +179,7 @@ def state_table(num_clients: int) -> Table:
                 rounds=1, clients_per_round=4, local_steps=3, accelerator="cpu", aggregator=aggregator(),
                 run_dir=run_dir, progress_bar=False, plots=False, client_state="disk",
             )  # fmt: skip
+            loop.console.quiet = True
             loop.fit(model, datamodule=dm)
             store: ClientStore = loop.store
             per_client = sum(
@@ -237,6 +238,7 @@ def cohort_table(local_steps: int, repeats: int) -> Table:
                 rounds=1, clients_per_round=k, local_steps=local_steps, accelerator="cpu", run_dir=run_dir,
                 progress_bar=False, plots=False, cohort=cohort,
             )  # fmt: skip
+            loop.console.quiet = True
             loop.fit(mlp(dm, hidden, momentum=0.9), datamodule=dm)
             return loop.fit_seconds, loop.aggregator.global_state()
 
