@@ -40,6 +40,7 @@ from lightning.fabric.utilities.seed import seed_everything
 from rich.console import Console
 from rich.table import Table
 
+from devices import clock, device_name
 from fedlightning import ConfigurationError, FederatedDataModule, FederatedLoop
 from fedlightning.clients import ClientModule, ScaffoldClient
 from fedlightning.server import FedAvg, FedCross, Scaffold
@@ -53,13 +54,6 @@ ALGORITHMS = {
     "FedAvg": (lambda: ClientModule(**RECIPE), FedAvg),
     "FedCross": (lambda: ClientModule(**RECIPE), FedCross),
 }
-
-
-def clock(accelerator: str) -> float:
-    """``time.perf_counter()`` after the device's queued work is done."""
-    if accelerator == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def run(
@@ -103,11 +97,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     console = Console(width=120)
-    if args.accelerator == "cuda":
-        where = torch.cuda.get_device_name()
-    else:
-        where = f"CPU, {torch.get_num_threads()} threads"
-    console.print(f"{where}; torch {torch.__version__}")
+    console.print(
+        f"{device_name(args.accelerator)}; {torch.get_num_threads()} torch threads; torch {torch.__version__}"
+    )
 
     table = Table(
         title=f"digits, 20 clients, Dirichlet(0.5), CNN, {args.rounds} rounds x 10 clients x 2 "

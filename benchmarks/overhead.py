@@ -48,9 +48,7 @@ import contextlib
 import copy
 import logging
 import math
-import platform
 import tempfile
-import time
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +57,7 @@ from rich.console import Console
 from rich.table import Table
 from torch.utils.flop_counter import FlopCounterMode
 
+from devices import clock, device_name
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.data.loader import TensorBatches
 from fedlightning.loop import sample_clients
@@ -114,26 +113,6 @@ class Setup:
         return AUTOCAST[self.precision] or torch.float32
 
 
-def clock(device: torch.device) -> float:
-    """``time.perf_counter()`` after the device's queued work is done."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return "CPU " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return f"CPU {platform.processor() or platform.machine()}".strip()
-
-
 def matmul_rate(
     device: torch.device, dtype: torch.dtype, size: int, warmup: int = 3, repeats: int = 10
 ) -> float:
@@ -149,9 +128,9 @@ def matmul_rate(
             a @ b
         seconds = 0.0
         for _ in range(repeats):
-            start = clock(device)
+            start = clock(device.type)
             a @ b
-            seconds += clock(device) - start
+            seconds += clock(device.type) - start
     finally:
         torch.set_float32_matmul_precision(before)
     return 2 * size**3 / (seconds / repeats)
@@ -188,9 +167,9 @@ def run_loop(
             progress_bar=False, plots=False, direct_fit=direct_fit,
         )  # fmt: skip
         loop.console.quiet = True
-        start = clock(setup.device)
+        start = clock(setup.device.type)
         loop.fit(model, datamodule=dm)
-        elapsed = clock(setup.device) - start
+        elapsed = clock(setup.device.type) - start
     return elapsed, loop.aggregator.global_state()
 
 
@@ -204,7 +183,7 @@ def run_by_hand(
     net = module.network.to(device)
     samples = 0
     with cpu_compute(None, setup.onednn):
-        start = clock(device)
+        start = clock(device.type)
         data = {}  # every client's training tensors, on the device once
         for cid in range(dm.num_clients):
             batches = dm.client_train_dataloader(cid, 0)
@@ -253,7 +232,7 @@ def run_by_hand(
                 for x, y in TensorBatches(x_test, y_test, dm.eval_batch_size)
             )
         assert correct >= 0
-        elapsed = clock(device) - start
+        elapsed = clock(device.type) - start
     return elapsed, global_state, samples
 
 
@@ -315,7 +294,7 @@ def main() -> None:
     size = args.matmul_size or (8192 if device.type == "cuda" else 1024)
     with cpu_compute(None, setup.onednn):
         rate = matmul_rate(device, setup.dtype, size)
-    where = device_name(device)
+    where = device_name(device.type)
     if device.type == "cpu":
         where += f", {torch.get_num_threads()} threads"
 

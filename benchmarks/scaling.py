@@ -33,7 +33,6 @@ import argparse
 import logging
 import math
 import pickle
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from devices import clock, device_name
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, MOON, ClientModule, ScaffoldClient
 from fedlightning.server import FedAvg, Scaffold
@@ -51,26 +51,6 @@ DIGITS = dict(dataset="digits", partition="iid", batch_size=32, val_fraction=0.0
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 #: where the clients and model tables run (``--accelerator``, ``--precision``)
 CPU_FULL = dict(accelerator="cpu", precision="32-true")
-
-
-def clock(accelerator: str) -> float:
-    """``time.perf_counter()`` after the device's queued work is done."""
-    if accelerator == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def device_name(accelerator: str) -> str:
-    if accelerator == "cuda":
-        return torch.cuda.get_device_name()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return "CPU " + line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return f"CPU {platform.processor() or platform.machine()}".strip()
 
 
 def timed_round(
