@@ -214,3 +214,26 @@ def test_client_state_persists_and_resumes_exactly(tmp_path, client_state):
     if client_state == "disk":
         files = sorted(p.name.split(".")[0] for p in (tmp_path / "b" / "client_state").iterdir())
         assert files == sorted(str(c) for c in visits)  # one live file per stateful client
+
+
+def test_onednn_is_off_during_a_run_and_restored_after(tmp_path):
+    """torch 2.14.1's oneDNN conv backward corrupted the heap here: runs train without it by
+    default (``loop.onednn``) and give the setting back afterwards."""
+    seen = []
+
+    class Recording(ClientModule):
+        def training_step(self, batch, batch_idx):
+            seen.append(torch.backends.mkldnn.enabled)
+            return super().training_step(batch, batch_idx)
+
+    before = torch.backends.mkldnn.enabled
+    for onednn in (False, True):
+        dm, loop = _tiny(
+            rounds=1, clients_per_round=1, run_dir=str(tmp_path / str(onednn)), onednn=onednn
+        )
+        loop.fit(
+            Recording(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm
+        )
+        assert set(seen) == {onednn}
+        assert torch.backends.mkldnn.enabled == before
+        seen.clear()
