@@ -8,6 +8,7 @@ import torch
 from fedlightning import ClientModule, FedAvg, FederatedDataModule, FederatedLoop, create_model
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop import sample_clients
+from user_clients import CrashAndNaN
 
 
 def test_cli_run_learns_and_writes_the_run_directory(cli, tmp_path):
@@ -88,22 +89,8 @@ def test_sampling_depends_only_on_seed_and_round():
     assert len(set(sample_clients(1, 0, 20, 20))) == 20
 
 
-class FlakyClients(ClientModule):
+class FlakyClients(CrashAndNaN, ClientModule):
     """Client 0 raises, client 1 uploads NaN: both must be left out without losing the run."""
-
-    def training_step(self, batch, batch_idx):
-        if self.client_id == 0:
-            raise RuntimeError("simulated client crash")
-        return super().training_step(batch, batch_idx)
-
-    def end_client(self):
-        weights, extras, state = super().end_client()
-        if self.client_id == 1:
-            weights = {
-                k: v.float().fill_(float("nan")) if v.is_floating_point() else v
-                for k, v in weights.items()
-            }
-        return weights, extras, state
 
 
 def _tiny(**loop_kwargs):

@@ -1,4 +1,4 @@
-"""A user-written client objective for the reliability tests, named by ``class_path`` in CLI runs
+"""User-written client objectives for the reliability tests, named by ``class_path`` in CLI runs
 (this folder is on ``sys.path`` under pytest)."""
 
 import torch
@@ -6,8 +6,9 @@ import torch
 from fedlightning.clients import ScaffoldClient
 
 
-class CrashAndNaNClients(ScaffoldClient):
-    """SCAFFOLD, except that client 0's fit always raises and client 1 always uploads NaN weights."""
+class CrashAndNaN:
+    """Put in front of any client objective: client 0's fit always raises and client 1 always
+    uploads NaN weights; both must be left out without losing the run."""
 
     def training_step(self, batch, batch_idx):
         if self.client_id == 0:
@@ -22,3 +23,7 @@ class CrashAndNaNClients(ScaffoldClient):
                 for k, v in weights.items()
             }
         return weights, extras, state
+
+
+class CrashAndNaNClients(CrashAndNaN, ScaffoldClient):
+    """SCAFFOLD with :class:`CrashAndNaN` (its per-client state shows what a failure leaves)."""
