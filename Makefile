@@ -19,10 +19,10 @@ install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev 
 demo: install  ## federated training on the bundled digits data (offline, about a minute)
 	$(VENV)/bin/fedlightning fit --config configs/quickstart.yaml
 
-test: install  ## the test suite (CPU, tiny data, a few minutes)
+test: install  ## the test suite without the tests marked slow (CPU, tiny data, a few minutes)
 	$(PY) -m pytest
 
-test-all: install  ## the test suite including tests marked slow
+test-all: install  ## every test, including those marked slow (Ray, SIGKILL resume, notebooks)
 	$(PY) -m pytest -m "slow or not slow"
 
 bench: install  ## loop overhead against a hand-written PyTorch loop, and scaling tables

@@ -8,7 +8,7 @@ both wall times, their ratio, and the largest difference between the two final m
 loop adds no numerical change; with ``bf16-mixed``/``16-mixed`` the loop fits every client with a
 Lightning Trainer and its precision plugin, and a small difference is rounding). The loop's time
 includes its per-round evaluation, metrics and checkpoint (``plots`` off: drawing the curves is
-reporting, not training). ``--direct-fit off`` fits every client with a Lightning Trainer (mixed
+reporting, not training). ``--fit-with trainer`` fits every client with a Lightning Trainer (mixed
 precision always does).
 
 The hand-written side keeps every client's data as tensors on the device (copied there once,
@@ -156,7 +156,7 @@ def make(case: Case, seed: int) -> tuple[FederatedDataModule, ClientModule]:
 
 
 def run_loop(
-    case: Case, rounds: int, seed: int, setup: Setup, direct_fit: bool = True
+    case: Case, rounds: int, seed: int, setup: Setup, fit_with: str = "auto"
 ) -> tuple[float, dict[str, torch.Tensor]]:
     dm, model = make(case, seed)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -164,7 +164,7 @@ def run_loop(
             rounds=rounds, clients_per_round=dm.num_clients, local_epochs=case.local_epochs,
             local_steps=case.local_steps, accelerator=setup.accelerator, precision=setup.precision,
             onednn=setup.onednn, seed=seed, eval_every=rounds, checkpoint_every=rounds, run_dir=run_dir,
-            progress_bar=False, plots=False, direct_fit=direct_fit,
+            progress_bar=False, plots=False, fit_with=fit_with,
         )  # fmt: skip
         loop.console.quiet = True
         start = clock(setup.device.type)
@@ -271,7 +271,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
-    parser.add_argument("--direct-fit", choices=["on", "off"], default="on")
+    parser.add_argument("--fit-with", choices=["auto", "trainer"], default="auto")
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precision", choices=list(AUTOCAST), default="32-true")
     parser.add_argument(
@@ -288,7 +288,6 @@ def main() -> None:
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
     if args.threads:
         torch.set_num_threads(args.threads)
-    direct = args.direct_fit == "on"
     setup = Setup(args.accelerator, args.precision, args.onednn == "on")
     device = setup.device
     size = args.matmul_size or (8192 if device.type == "cuda" else 1024)
@@ -300,7 +299,7 @@ def main() -> None:
 
     table = Table(
         title=f"FedAvg: FederatedLoop vs hand-written PyTorch ({args.rounds} rounds, {where}, "
-        f"{args.precision}, direct_fit {args.direct_fit}, oneDNN {args.onednn}, best of {args.repeats})",
+        f"{args.precision}, fit_with {args.fit_with}, oneDNN {args.onednn}, best of {args.repeats})",
         caption=f"matmul rate {rate / 1e12:.3f} TFLOP/s ({str(setup.dtype).removeprefix('torch.')} "
         f"{size}x{size}); floor = 3 x forward FLOPs x training samples / rate",
     )
@@ -314,12 +313,12 @@ def main() -> None:
         batch = next(iter(dm.client_train_dataloader(0, args.seed)))[0]
         per_sample = forward_flops_per_sample(module.network, batch)
         run_by_hand(case, 1, args.seed, setup)  # warm-up both paths (allocator, kernels, imports)
-        run_loop(case, 1, args.seed, setup, direct)
+        run_loop(case, 1, args.seed, setup, args.fit_with)
         hand_time = loop_time = math.inf
         for _ in range(args.repeats):  # alternate the sides so that load changes hit both
             seconds, hand_state, samples = run_by_hand(case, args.rounds, args.seed, setup)
             hand_time = min(hand_time, seconds)
-            seconds, loop_state = run_loop(case, args.rounds, args.seed, setup, direct)
+            seconds, loop_state = run_loop(case, args.rounds, args.seed, setup, args.fit_with)
             loop_time = min(loop_time, seconds)
         diff = max(
             float((hand_state[k].double().cpu() - loop_state[k].double().cpu()).abs().max())

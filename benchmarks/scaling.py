@@ -18,7 +18,7 @@ is skipped with a note otherwise.
            ClientStore, times ``--state-clients`` (1,000), in memory (``client_state: memory``) or
            as files (``client_state: disk``, where memory holds only an index).
   cohort:  the client fits of one round (evaluation and checkpoint left out) sequentially and with
-           ``loop.cohort`` on K = 5, 20, 50 clients of two MLP sizes, and the largest difference of
+           ``CohortBackend`` on K = 5, 20, 50 clients of two MLP sizes, and the largest difference of
            the resulting global models.
 
     python benchmarks/scaling.py                   # all tables, about 1-2 minutes on 2 CPU cores
@@ -43,6 +43,7 @@ from rich.table import Table
 
 from devices import clock, device_name
 from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning.backends import Backend, CohortBackend, SequentialBackend
 from fedlightning.clients import FML, MOON, ClientModule, ScaffoldClient
 from fedlightning.server import FedAvg, Scaffold
 from fedlightning.state import ClientStore
@@ -183,23 +184,27 @@ def _kwargs(dm: FederatedDataModule) -> dict:
                 in_channels=dm.in_channels, image_size=dm.image_size, lr=0.05)  # fmt: skip
 
 
-class TimedLoop(FederatedLoop):
-    """Adds up the seconds spent fitting clients (evaluation and checkpoints left out)."""
+def timed(backend: Backend) -> Backend:
+    """``backend`` adding up the seconds its rounds of client fits take in ``fit_seconds``
+    (evaluation and checkpoints left out)."""
+    run = backend.run
+    backend.fit_seconds = 0.0
 
-    fit_seconds = 0.0
-
-    def _fit_clients(self, *args, **kwargs):
+    def timed_run(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return super()._fit_clients(*args, **kwargs)
+            return run(*args, **kwargs)
         finally:
-            self.fit_seconds += time.perf_counter() - start
+            backend.fit_seconds += time.perf_counter() - start
+
+    backend.run = timed_run
+    return backend
 
 
 def cohort_table(local_steps: int, repeats: int) -> Table:
     dm = digits(50)
     table = Table(
-        title=f"client fits of one round: sequential against loop.cohort (SGD momentum 0.9, {local_steps} steps "
+        title=f"client fits of one round: sequential against CohortBackend (SGD momentum 0.9, {local_steps} steps "
         f"each; best of {repeats})"
     )
     for column in (
@@ -214,13 +219,14 @@ def cohort_table(local_steps: int, repeats: int) -> Table:
 
     def run(k: int, cohort: bool, hidden: list[int]) -> tuple[float, dict[str, torch.Tensor]]:
         with tempfile.TemporaryDirectory() as run_dir:
-            loop = TimedLoop(
+            backend = timed(CohortBackend() if cohort else SequentialBackend())
+            loop = FederatedLoop(
                 rounds=1, clients_per_round=k, local_steps=local_steps, accelerator="cpu", run_dir=run_dir,
-                progress_bar=False, plots=False, cohort=cohort,
+                progress_bar=False, plots=False, backend=backend,
             )  # fmt: skip
             loop.console.quiet = True
             loop.fit(mlp(dm, hidden, momentum=0.9), datamodule=dm)
-            return loop.fit_seconds, loop.aggregator.global_state()
+            return backend.fit_seconds, loop.aggregator.global_state()
 
     run(2, False, [64]), run(2, True, [64])  # warm-up both paths
     for hidden, k in (([64], 5), ([64], 20), ([64], 50), ([200, 200], 20), ([200, 200], 50)):

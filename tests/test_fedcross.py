@@ -1,4 +1,4 @@
-"""FedCross (ALGORITHMS.md 2.2): formulas on hand-made tensors, the aggregator, and end to end."""
+"""FedCross (docs/algorithms.md 2.2): formulas on hand-made tensors, the aggregator, and end to end."""
 
 import math
 import re

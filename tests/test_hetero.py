@@ -3,9 +3,9 @@ sub-state_dict dispatch, and HeteroAvg's layer-wise mean (ALGORITHMS.md 2.3)."""
 
 import pytest
 import torch
+from fedlightning.clients.hetero import assign_groups, check_nested
 
 from fedlightning.clients import HeteroClientModule
-from fedlightning.clients.hetero import assign_groups, check_nested
 from fedlightning.errors import ConfigurationError
 from fedlightning.models import create_model
 from fedlightning.protocol import Upload

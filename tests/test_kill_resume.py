@@ -9,7 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
+
+# about 20 s of repeated runs killed with SIGKILL; `make test-all` runs it
+pytestmark = pytest.mark.slow
 
 CONF = Path(__file__).parent / "conf" / "tiny.yaml"
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from fedlightning import ClientModule, FedAvg, FederatedDataModule, FederatedLoop, create_model
-from fedlightning.errors import ConfigurationError
-from fedlightning.loop import sample_clients
+from fedlightning.errors import ConfigurationError, RunStopped
+from fedlightning.loop import ClientBug, sample_clients
+from fedlightning.loop.sampling import clients_per_round
 from user_clients import CrashAndNaN
 
 
@@ -114,19 +115,47 @@ def test_failed_and_non_finite_clients_are_left_out(tmp_path):
     assert all(torch.isfinite(v).all() for v in loop.aggregator.global_state().values())
 
 
-def test_all_clients_failing_follows_on_round_failure(tmp_path):
+def test_every_client_failing_the_same_way_is_a_bug_that_stops_the_run(tmp_path):
     class Broken(ClientModule):
-        def training_step(self, batch, batch_idx):
-            raise RuntimeError("broken")
+        def local_loss(self, batch):
+            raise RuntimeError("broken objective")
 
-    dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path), on_round_failure="stop")
-    with pytest.raises(RuntimeError, match="only 0 of 2 clients succeeded"):
+    dm, loop = _tiny(rounds=2, clients_per_round=2, run_dir=str(tmp_path))
+    with pytest.raises(ClientBug, match="(?s)round 1: no client succeeded.*broken objective"):
         loop.fit(Broken(network="mlp", num_classes=3, in_channels=6, image_size=1), datamodule=dm)
-    dm, loop = _tiny(rounds=1, clients_per_round=2, run_dir=str(tmp_path / "skip"))
-    model = Broken(network="mlp", num_classes=3, in_channels=6, image_size=1)
-    before = {k: v.clone() for k, v in model.network.state_dict().items()}
-    loop.fit(model, datamodule=dm)
-    assert all(torch.equal(before[k], v) for k, v in loop.aggregator.global_state().items())
+    assert not (tmp_path / "global.pt").exists()
+
+
+class FailsThirdFit(ClientModule):
+    """The third client fit of the run raises: round 2 of 2 clients has one failure."""
+
+    fits = 0
+
+    def begin_client(self, client_id, payload, state):
+        super().begin_client(client_id, payload, state)
+        FailsThirdFit.fits += 1
+        if FailsThirdFit.fits == 3:
+            raise RuntimeError("a failing client")
+
+
+def test_isolated_failures_follow_on_round_failure(tmp_path):
+    kwargs = dict(network="mlp", num_classes=3, in_channels=6, image_size=1)
+    FailsThirdFit.fits = 0
+    dm, loop = _tiny(rounds=2, clients_per_round=2, run_dir=str(tmp_path), min_clients=2, on_round_failure="stop")
+    with pytest.raises(RunStopped, match="round 2: only 1 of 2 clients succeeded"):
+        loop.fit(FailsThirdFit(**kwargs), datamodule=dm)
+    FailsThirdFit.fits = 0
+    dm, loop = _tiny(rounds=2, clients_per_round=2, run_dir=str(tmp_path / "skip"), min_clients=2, checkpoint_every=1)
+    seen = []
+
+    class Recording(FedAvg):
+        def aggregate(self, round_index, uploads):
+            seen.append(round_index)
+            super().aggregate(round_index, uploads)
+
+    loop.aggregator = Recording()
+    metrics = loop.fit(FailsThirdFit(**kwargs), datamodule=dm)
+    assert seen == [0] and metrics["clients_failed"] == 1  # round 2 was skipped, the run went on
 
 
 def test_mismatched_objective_and_aggregator_are_refused(tmp_path):
@@ -157,7 +186,7 @@ def test_fractional_clients_per_round_local_steps_and_bf16(tmp_path):
         precision="bf16-mixed",
         run_dir=str(tmp_path),
     )
-    assert loop.resolve_clients_per_round(4) == 2
+    assert clients_per_round(0.5, 4, 1) == 2
     model = ClientModule(network="mlp", num_classes=3, in_channels=6, image_size=1, lr=0.1)
     metrics = loop.fit(model, datamodule=dm)
     assert 0.0 <= metrics["test_acc"] <= 1.0

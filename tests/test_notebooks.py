@@ -28,6 +28,7 @@ def test_every_notebook_has_tiny_parameters():
     assert NOTEBOOKS and {nb.stem for nb in NOTEBOOKS} <= set(TINY)
 
 
+@pytest.mark.slow  # a kernel per notebook, 10-20 s each; `make test-all` runs them
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path):
     book = nbformat.read(path, as_version=4)

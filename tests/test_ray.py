@@ -16,6 +16,9 @@ from objective_helpers import SYNTHETIC, synthetic_run
 
 ray = pytest.importorskip("ray")
 
+# Ray start-up and its actors take about 45 s for the module; `make test-all` runs it
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def local_ray():

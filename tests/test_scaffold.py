@@ -2,7 +2,6 @@
 
 from types import SimpleNamespace
 
-import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +12,8 @@ from fedlightning.clients import ScaffoldClient
 from fedlightning.clients.scaffold import scaffold_control_update
 from fedlightning.data.loader import TensorBatches
 from fedlightning.errors import ConfigurationError
+from fedlightning.fit import ClientFitter
+from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server import Scaffold
 from fedlightning.server.scaffold import scaffold_server_control
 from objective_helpers import SYNTHETIC, synthetic_run
@@ -69,6 +70,24 @@ def test_scaffold_aggregator_averages_models_by_n_i_and_round_trips():
     )
 
 
+class _OneClient:
+    """The two data-module methods a client fit reads, over hand-made tensors."""
+
+    def __init__(self, x, y, batch_size):
+        self.x, self.y, self.batch_size = x, y, batch_size
+
+    def client_train_dataloader(self, client_id, seed):
+        return TensorBatches(self.x, self.y, batch_size=self.batch_size)
+
+    def client_num_samples(self, client_id):
+        return len(self.y)
+
+
+def _fit(module, payload, state, x, y, batch_size, steps):
+    fitter = ClientFitter(FitConfig(local_steps=steps, accelerator="cpu"))
+    return fitter.fit(module, _OneClient(x, y, batch_size), ClientJob(0, 0, payload, state))
+
+
 def test_one_scaffold_step_is_corrected_and_renews_c_i_to_the_gradient():
     net = nn.Linear(2, 3, bias=False)
     w0 = torch.tensor([[0.5, -1.0], [0.0, 0.25], [1.0, 1.0]])
@@ -77,20 +96,15 @@ def test_one_scaffold_step_is_corrected_and_renews_c_i_to_the_gradient():
     c_i = {"weight": torch.tensor([[0.0, 0.1], [0.0, 0.0], [-0.1, 0.0]])}
     lr = 0.5
     module = ScaffoldClient(network=net, num_classes=3, lr=lr)
-    module.begin_client(0, Payload({"weight": w0}, extras={"c": c}), {"c_i": c_i})
-    trainer = pl.Trainer(
-        accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False,
-    )  # fmt: skip
-    trainer.fit(module, train_dataloaders=TensorBatches(x, y, batch_size=2))
+    result = _fit(module, Payload({"weight": w0}, extras={"c": c}), {"c_i": c_i}, x, y, 2, 1)
     w = w0.clone().requires_grad_(True)
     (g,) = torch.autograd.grad(F.cross_entropy(x @ w.T, y), w)
-    expected = w0 - lr * g - lr * (c["weight"] - c_i["weight"])
-    assert torch.allclose(net.weight.detach(), expected, atol=1e-6)
-    weights, extras, state = module.end_client()
+    expected = w0 - lr * (g + c["weight"] - c_i["weight"])
+    assert torch.allclose(result.upload.weights["weight"], expected, atol=1e-6)
+    assert result.upload.num_steps == 1
     # K = 1: c_i+ = c_i - c + (x - y) / lr = g, the gradient at the dispatched model
-    assert torch.allclose(state["c_i"]["weight"], g, atol=1e-6)
-    assert torch.allclose(extras["delta_c"]["weight"], g - c_i["weight"], atol=1e-6)
+    assert torch.allclose(result.state["c_i"]["weight"], g, atol=1e-6)
+    assert torch.allclose(result.upload.extras["delta_c"]["weight"], g - c_i["weight"], atol=1e-6)
 
 
 def test_scaffold_with_momentum_and_weight_decay_matches_a_hand_written_loop():
@@ -103,14 +117,10 @@ def test_scaffold_with_momentum_and_weight_decay_matches_a_hand_written_loop():
     module = ScaffoldClient(
         network=nn.Linear(3, 2), num_classes=2, lr=lr, momentum=rho, weight_decay=wd
     )
-    module.begin_client(0, Payload(w0, extras={"c": c}), {"c_i": c_i})
-    trainer = pl.Trainer(
-        accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    trainer.fit(module, train_dataloaders=TensorBatches(x, y, batch_size=4))
-    weights, extras, state = module.end_client()
-    # by hand: SGD with momentum and weight decay on the CE gradient, then y <- y - lr (c - c_i)
+    result = _fit(module, Payload(w0, extras={"c": c}), {"c_i": c_i}, x, y, 4, steps)
+    weights, extras, state = result.upload.weights, result.upload.extras, result.state
+    # by hand: SGD with momentum and weight decay on the corrected gradient g + c - c_i
+    # (Algorithm 1 line 10; the correction is a linear term of the local loss)
     w, buffer = {k: v.clone() for k, v in w0.items()}, {}
     for t in range(steps):
         xb, yb = x[4 * (t % 2) : 4 * (t % 2) + 4], y[4 * (t % 2) : 4 * (t % 2) + 4]
@@ -118,10 +128,10 @@ def test_scaffold_with_momentum_and_weight_decay_matches_a_hand_written_loop():
         loss = F.cross_entropy(xb @ params["weight"].T + params["bias"], yb)
         grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
         for k in w:
-            d = grads[k] + wd * w[k]
+            d = grads[k] + (c[k] - c_i[k]) + wd * w[k]
             buffer[k] = d if t == 0 else rho * buffer[k] + d
-            w[k] = w[k] - lr * buffer[k] - lr * (c[k] - c_i[k])
-    assert module.num_steps == steps
+            w[k] = w[k] - lr * buffer[k]
+    assert result.upload.num_steps == steps
     for k in w:
         assert torch.allclose(weights[k], w[k], atol=1e-6)
         c_plus = c_i[k] - c[k] + (w0[k] - w[k]) / (steps * lr)

@@ -3,7 +3,7 @@
 
 import torch
 
-from fedlightning.clients import ScaffoldClient
+from fedlightning.clients import ClientModule, ScaffoldClient
 
 
 class CrashAndNaN:
@@ -15,8 +15,8 @@ class CrashAndNaN:
             raise RuntimeError("simulated crash of client 0")
         return super().training_step(batch, batch_idx)
 
-    def end_client(self):
-        weights, extras, state = super().end_client()
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
         if self.client_id == 1:
             weights = {
                 k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
@@ -27,3 +27,33 @@ class CrashAndNaN:
 
 class CrashAndNaNClients(CrashAndNaN, ScaffoldClient):
     """SCAFFOLD with :class:`CrashAndNaN` (its per-client state shows what a failure leaves)."""
+
+
+class ScheduledClient(ClientModule):
+    """A user objective as Lightning users write them: ``configure_optimizers`` returns the
+    optimizer and a scheduler config in the dict form (halve the LR every 4 steps)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+class SmoothedCE(ClientModule):
+    """A user objective that only states its loss (label smoothing); it runs heterogeneously
+    with ``networks`` and needs no other class."""
+
+    def __init__(self, eps: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.eps = eps
+
+    def local_loss(self, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y, label_smoothing=self.eps)
+
+
+class BrokenObjective(ClientModule):
+    """A bug every client hits: the run must stop with this traceback, not end at chance."""
+
+    def local_loss(self, batch):
+        return super().local_loss(batch) * (1 // 0)

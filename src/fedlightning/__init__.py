@@ -10,7 +10,6 @@ from fedlightning.clients import (
     ClientModule,
     FedNovaClient,
     FedProx,
-    HeteroClientModule,
     ScaffoldClient,
 )
 from fedlightning.data import FederatedDataModule
@@ -36,7 +35,6 @@ __all__ = [
     "FederatedDataModule",
     "FederatedLoop",
     "HeteroAvg",
-    "HeteroClientModule",
     "InCo",
     "Payload",
     "Scaffold",

@@ -17,7 +17,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError, RunStopped
-from fedlightning.loop import FederatedLoop
+from fedlightning.loop import ClientBug, FederatedLoop
 
 
 class FederatedCLI(LightningCLI):
@@ -114,7 +114,7 @@ def main(args: list[str] | None = None) -> None:
             cofed_main(argv[1:])
         else:
             FederatedCLI(args=args)
-    except RunStopped as err:
+    except (RunStopped, ClientBug) as err:
         print(f"fedlightning: stopped: {err}", file=sys.stderr)
         raise SystemExit(1) from None
     except Exception as err:

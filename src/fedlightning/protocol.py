@@ -1,7 +1,9 @@
 """What travels between the server and a client in one round (pure data, no Lightning, no maths).
 
 The server sends each sampled client a :class:`Payload`; the client answers with an
-:class:`Upload`. Algorithms put their own tensors in ``extras``:
+:class:`Upload`. A backend receives a round's work as :class:`ClientJob` objects and answers with a
+:class:`FitResult` (or the exception) per client; :class:`FitConfig` is how every client fit of a
+run is done. Algorithms put their own tensors in ``extras``:
 
 =============  =============================================  ==========================================
 algorithm      payload extras                                 upload extras
@@ -21,7 +23,7 @@ and the loop checks that a pairing fits before any training starts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
@@ -65,3 +67,58 @@ class Upload:
     extras: dict[str, Any] = field(default_factory=dict)
     model_index: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ClientJob:
+    """One client's fit in one round, as the loop hands it to a backend.
+
+    Attributes:
+        round_index: the 0-based round.
+        client_id: the client's index in ``[0, num_clients)``.
+        payload: what the server sends this client.
+        state: the client's persistent state (from the ClientStore; ``{}`` before its first fit).
+    """
+
+    round_index: int
+    client_id: int
+    payload: Payload
+    state: dict[str, Any]
+
+
+@dataclass
+class FitResult:
+    """What one client fit produced: the upload for the server and the client's new state."""
+
+    upload: Upload
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """How every client fit of a run is done (the loop's options that reach a backend).
+
+    Attributes:
+        local_epochs: passes over the client's data (ignored when ``local_steps`` is set).
+        local_steps: if set, exactly this many optimizer steps (new passes as needed).
+        precision: Lightning precision (``32-true``, ``bf16-mixed``, ``16-mixed``, ``64-true``...).
+        accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``, ``cuda``...).
+        seed: the run's seed; client ``i``'s fit in round ``r`` is seeded from ``(seed, r, i)``.
+        gradient_clip_val: clip gradients to this norm (or value); ``None``: no clipping.
+        gradient_clip_algorithm: ``norm`` (total L2 norm) or ``value`` (element-wise).
+        fit_with: ``auto`` (Lightning Fabric unless the objective needs the Trainer) or ``trainer``
+            (a lean Lightning Trainer for every fit).
+        num_threads: torch intra-op threads (``None``: torch's default).
+        onednn: use oneDNN CPU kernels.
+    """
+
+    local_epochs: int = 1
+    local_steps: int | None = None
+    precision: str = "32-true"
+    accelerator: str = "auto"
+    seed: int = 0
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: Literal["norm", "value"] = "norm"
+    fit_with: Literal["auto", "trainer"] = "auto"
+    num_threads: int | None = None
+    onednn: bool = False

@@ -4,8 +4,8 @@ Each actor is started once per run and keeps its own copy of the client module a
 module (client tensors included), so a fit ships only the payload and the client's state in and
 the upload and new state out. The driver keeps sampling, the ClientStore, aggregation, evaluation
 and checkpoints. An actor fits a client exactly as the sequential backend does (the same
-``FederatedLoop._fit_client``, seeded from ``(seed, round, client)``), so results do not depend on
-which actor runs which client; on CPU they are bitwise equal to the sequential backend's when
+:class:`~fedlightning.fit.ClientFitter`, seeded from ``(seed, round, client)``), so results do not
+depend on which actor runs which client; on CPU they are bitwise equal to the sequential backend's when
 both use the same number of torch threads (Ray gives each actor ``num_cpus`` threads).
 
 Needs the optional extra: ``pip install 'fedlightning[ray]'``.
@@ -14,17 +14,17 @@ Needs the optional extra: ``pip install 'fedlightning[ray]'``.
 from __future__ import annotations
 
 import copy
-import tempfile
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlightning.errors import ConfigurationError
-from fedlightning.protocol import Payload, Upload
+from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.errors import ConfigurationError, require
+from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
-    from fedlightning.loop import FederatedLoop
 
 
 def _ray():
@@ -32,7 +32,7 @@ def _ray():
         import ray
     except ImportError as error:
         raise ConfigurationError(
-            "loop.backend='ray' needs Ray: install the extra with pip install 'fedlightning[ray]'"
+            "loop.backend=RayBackend needs Ray: install the extra with pip install 'fedlightning[ray]'"
         ) from error
     return ray
 
@@ -42,71 +42,69 @@ _MAX_RESTARTS = 3
 
 
 class ClientWorker:
-    """One actor: a client module, the data module and a sequential loop to fit clients with."""
+    """One actor: a client module, the data module and a :class:`ClientFitter`."""
 
-    def __init__(
-        self,
-        model: ClientModule,
-        dm: FederatedDataModule,
-        loop_settings: dict[str, Any],
-        threads: int,
-    ):
-        from fedlightning.loop import FederatedLoop
+    def __init__(self, model: ClientModule, dm: FederatedDataModule, config: FitConfig) -> None:
+        from fedlightning.fit import ClientFitter
         from fedlightning.training import cpu_compute, quiet_lightning
 
-        # for the actor's whole life: it fits many clients and builds many Trainers
-        self._contexts = [cpu_compute(threads, loop_settings["onednn"]), quiet_lightning()]
+        # for the actor's whole life: it fits many clients
+        self._contexts = [cpu_compute(config.num_threads, config.onednn), quiet_lightning()]
         for context in self._contexts:
             context.__enter__()
         self.model = model
         self.dm = dm
         self.dm.setup()
-        self.loop = FederatedLoop(
-            run_dir=tempfile.mkdtemp(prefix="fedlightning-worker-"),
-            progress_bar=False,
-            plots=False,
-            **loop_settings,
-        )
-        self.loop.place_training_data(self.dm)
+        self.fitter = ClientFitter(config)
+        self.dm.place_training_data(self.fitter.device)
 
-    def fit(
-        self, round_index: int, cid: int, payload: Payload, state: dict[str, Any]
-    ) -> tuple[Upload, dict[str, Any]]:
-        self.loop.store.put(cid, state)
-        try:
-            return self.loop._fit_client(self.model, self.dm, round_index, cid, payload)
-        finally:
-            self.loop.store.put(cid, {})
+    def fit(self, job: ClientJob) -> FitResult:
+        return self.fitter.fit(self.model, self.dm, job)
 
 
-class RayBackend:
-    """Starts ``num_workers`` actors (at the first round) and fits each round's clients on them.
+class RayBackend(Backend):
+    """Starts ``num_workers`` actors and fits each round's clients on them, round-robin.
 
     Args:
-        loop: the driver's loop (its settings are copied into every actor).
-        address: Ray cluster address (``None``: start or join a local instance).
-        num_workers: actors to start (``None``: one per GPU if ``num_gpus_per_client > 0``, else
-            one per CPU Ray reports).
-        num_gpus_per_client: GPUs (or a fraction) each actor holds.
+        address: Ray cluster address (``null``: start or join a local instance).
+        num_workers: actors to start (``null``: one per GPU if ``num_gpus_per_client > 0``, else
+            one per CPU Ray reports divided by ``num_cpus_per_client``).
+        num_gpus_per_client: GPUs (or a fraction of one) each actor holds.
         num_cpus_per_client: CPUs each actor holds; also its torch threads.
     """
 
     def __init__(
         self,
-        loop: FederatedLoop,
-        address: str | None,
-        num_workers: int | None,
-        num_gpus_per_client: float,
-        num_cpus_per_client: int,
+        address: str | None = None,
+        num_workers: int | None = None,
+        num_gpus_per_client: float = 0.0,
+        num_cpus_per_client: int = 1,
     ) -> None:
-        self.loop = loop
+        require(
+            num_workers is None or num_workers >= 1,
+            "loop.backend.init_args.num_workers",
+            num_workers,
+            "null or an integer >= 1",
+        )
+        require(
+            num_gpus_per_client >= 0,
+            "loop.backend.init_args.num_gpus_per_client",
+            num_gpus_per_client,
+            "a number >= 0",
+        )
+        require(
+            num_cpus_per_client >= 1,
+            "loop.backend.init_args.num_cpus_per_client",
+            num_cpus_per_client,
+            "an integer >= 1",
+        )
         self.address = address
         self.num_workers = num_workers
         self.num_gpus = num_gpus_per_client
         self.num_cpus = num_cpus_per_client
         self.workers: list[Any] = []
 
-    def start(self, model: ClientModule, dm: FederatedDataModule) -> None:
+    def start(self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
@@ -119,20 +117,9 @@ class RayBackend:
                 else int(resources["CPU"] // self.num_cpus)
             )
         count = max(1, count)
-        settings = {
-            name: getattr(self.loop, name)
-            for name in (
-                "local_epochs",
-                "local_steps",
-                "precision",
-                "accelerator",
-                "seed",
-                "direct_fit",
-                "onednn",
-            )
-        }
-        if not self.num_gpus and settings["accelerator"] == "auto":
-            settings["accelerator"] = "cpu"  # an actor without GPUs must not pick one up
+        if not self.num_gpus and config.accelerator == "auto":
+            config = dataclasses.replace(config, accelerator="cpu")  # no GPU in a CPU-only actor
+        config = dataclasses.replace(config, num_threads=self.num_cpus)
         # an actor whose process dies (out of memory, a crashed kernel) fails the clients it was
         # fitting and is restarted for the next ones
         worker = ray.remote(
@@ -140,23 +127,16 @@ class RayBackend:
         )(ClientWorker)
         model = copy.deepcopy(model)
         model.trainer = None
-        model_ref, dm_ref = ray.put(model), ray.put(dm)
-        self.workers = [
-            worker.remote(model_ref, dm_ref, settings, self.num_cpus) for _ in range(count)
-        ]
+        model_ref, dm_ref = ray.put(model), ray.put(datamodule)
+        self.workers = [worker.remote(model_ref, dm_ref, config) for _ in range(count)]
 
-    def fit(
-        self, round_index: int, client_ids: Sequence[int], payloads: dict[int, Payload]
-    ) -> dict[int, tuple[Upload, dict[str, Any]] | BaseException]:
-        """Every client's ``(upload, new state)``, or the exception its fit raised."""
+    def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         ray = _ray()
-        pending = {}
-        for i, cid in enumerate(client_ids):  # round-robin: actors run their queue in order
-            worker = self.workers[i % len(self.workers)]
-            pending[cid] = worker.fit.remote(
-                round_index, cid, payloads[cid], self.loop.store.get(cid)
-            )
-        results: dict[int, tuple[Upload, dict[str, Any]] | BaseException] = {}
+        pending = {
+            job.client_id: self.workers[i % len(self.workers)].fit.remote(job)
+            for i, job in enumerate(jobs)  # round-robin: actors run their queue in order
+        }
+        results: RoundResults = {}
         for cid, ref in pending.items():
             try:
                 results[cid] = ray.get(ref)
@@ -164,13 +144,15 @@ class RayBackend:
                 cause = error.as_instanceof_cause()
                 if isinstance(cause, ConfigurationError):
                     raise cause from None
+                cause.traceback = str(error)  # the worker's traceback, as Ray formats it
                 results[cid] = cause
             except ray.exceptions.RayActorError as error:  # the actor died: that client failed
                 results[cid] = error
         return results
 
     def stop(self) -> None:
-        ray = _ray()
-        for worker in self.workers:
-            ray.kill(worker)
+        if self.workers:
+            ray = _ray()
+            for worker in self.workers:
+                ray.kill(worker)
         self.workers = []

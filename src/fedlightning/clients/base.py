@@ -1,7 +1,12 @@
-"""ClientModule: the plain cross-entropy client (the FedAvg client, ALGORITHMS.md section 1.1).
+"""ClientModule: the plain cross-entropy client (the FedAvg client, docs/algorithms.md section 1.1)
+and the contract every client objective follows.
 
-Other objectives subclass it and override :meth:`ClientModule.local_loss` (FedProx) or the round
-hooks :meth:`ClientModule.begin_client` / :meth:`ClientModule.end_client` (SCAFFOLD, MOON, FML).
+An objective states its local objective as one method, :meth:`ClientModule.local_loss`, computed
+from the module's own forward; the round context it needs (the dispatched weights, a control
+variate, frozen models) is prepared in :meth:`ClientModule.begin_client`, and
+:meth:`ClientModule.end_client` returns the upload and the new persistent state. The same
+``local_loss`` drives every backend (:mod:`fedlightning.fit`). Any objective trains heterogeneous
+clients by the ``networks`` option, with no subclass.
 """
 
 from __future__ import annotations
@@ -13,10 +18,9 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.clients.groups import assign_groups, check_nested
+from fedlightning.errors import ConfigurationError, require
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
 from fedlightning.server.base import ClientKeys
@@ -29,9 +33,16 @@ class ClientModule(pl.LightningModule):
     """Trains one client's copy of ``network`` for one round: ``loss = CE(f(x), y)``.
 
     The same module instance serves every client in turn: :meth:`begin_client` loads the server's
-    payload and the client's persistent state, Lightning fits it, and :meth:`end_client` returns the
-    upload and the new state. The optimizer is created fresh for every fit (no optimizer state
-    crosses rounds).
+    payload and the client's persistent state (the module is already on its fitting device), the
+    fit minimises :meth:`local_loss`, and :meth:`end_client` returns the upload and the new state.
+    The optimizer is created fresh for every fit (no optimizer state crosses rounds).
+
+    Heterogeneous clients: ``networks`` lists registered model names whose state_dict keys nest
+    (e.g. ``resnet10 .. resnet26``); they are ordered by parameter count, smallest first, and the
+    clients split into that many equal, contiguous groups
+    (:func:`~fedlightning.clients.groups.assign_groups`). The largest architecture is the server
+    model. A payload's key set selects the group whose network becomes ``self.network``, so an
+    objective's own code sees exactly the client's architecture.
 
     Args:
         network: a registered model name (see ``fedlightning.models.list_models()``) or any
@@ -39,6 +50,8 @@ class ClientModule(pl.LightningModule):
         num_classes, in_channels, image_size: the input/output shape for a registered model
             (linked from the data module by the CLI).
         network_kwargs: extra keyword arguments for the registered model's builder.
+        networks: registered model names of the client groups' architectures (heterogeneous
+            clients); ``network`` is then ignored. ``null``: every client trains ``network``.
         optimizer: ``sgd`` or ``adam``.
         lr: learning rate (> 0).
         momentum: SGD momentum in [0, 1).
@@ -52,9 +65,12 @@ class ClientModule(pl.LightningModule):
     #: how the aggregator must weight this objective's uploads (``None``: as configured; FML:
     #: ``"uniform"``), checked at start-up against an aggregator's ``weighting`` option
     required_weighting: ClassVar[str | None] = None
-    #: Lightning precisions this objective can train with (``None``: any), checked by
-    #: :meth:`check_precision` in :meth:`setup`, before the first step
+    #: Lightning precisions this objective can train with (``None``: any), checked at start-up
     supported_precisions: ClassVar[frozenset[str] | None] = None
+    #: whether :meth:`local_loss` reads the client's persistent state (SCAFFOLD's ``c_i``, MOON's
+    #: previous model, FML's personal model); the cohort backend vectorizes only objectives whose
+    #: round context is the shared payload
+    loss_uses_client_state: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -63,6 +79,7 @@ class ClientModule(pl.LightningModule):
         in_channels: int = 1,
         image_size: int = 8,
         network_kwargs: dict[str, Any] | None = None,
+        networks: list[str] | None = None,
         optimizer: Literal["sgd", "adam"] = "sgd",
         lr: float = 0.01,
         momentum: float = 0.0,
@@ -77,32 +94,65 @@ class ClientModule(pl.LightningModule):
             raise ConfigurationError(f"momentum must lie in [0, 1), got {momentum}")
         if weight_decay < 0:
             raise ConfigurationError(f"weight_decay must be >= 0, got {weight_decay}")
-        self.save_hyperparameters(ignore=["network"] if isinstance(network, nn.Module) else None)
-        if isinstance(network, nn.Module):
-            self.network = network
-        else:
-            self.network = create_model(
-                network, num_classes, in_channels, image_size, **(network_kwargs or {})
+        if networks is not None:
+            require(
+                len(set(networks)) == len(networks) >= 1,
+                "model.networks",
+                networks,
+                "null or distinct registered model names",
             )
+        self.save_hyperparameters(ignore=["network"] if isinstance(network, nn.Module) else None)
         self.num_classes = num_classes
         self.optimizer_name = optimizer
         self.lr = lr
         self.momentum = momentum
         self.weight_decay = weight_decay
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_loss = MeanMetric()
         self.client_id: int | None = None
         self.payload: Payload | None = None
         self.state: dict[str, Any] = {}
         self._loss_sum: Tensor | float = 0.0
         self._loss_batches = 0
+        if networks is None:
+            built = network if isinstance(network, nn.Module) else self.create_network(network)
+            self.network = self.wrap_network(built)
+            self.groups: list[str] = []
+            self._nets: list[nn.Module] = [self.network]
+            self.group_index = 0
+        else:
+            self._setup_groups(list(networks))
+
+    def _setup_groups(self, networks: list[str]) -> None:
+        built = {name: self.wrap_network(self.create_network(name)) for name in networks}
+        sizes = {name: sum(p.numel() for p in net.parameters()) for name, net in built.items()}
+        self.groups = sorted(networks, key=lambda n: (sizes[n], networks.index(n)))
+        # a plain list, not submodules: only the active network is registered (as self.network)
+        self._nets = [built[n] for n in self.groups]
+        states = [net.state_dict() for net in self._nets]
+        self.group_index = check_nested(self.groups, states)  # the server model's group
+        self._by_keys = {frozenset(s): g for g, s in enumerate(states)}
+        self.network = self._nets[self.group_index]
+
+    def create_network(self, name: str) -> nn.Module:
+        """The registered model ``name`` built for this module's input/output shape."""
+        hp = self.hparams
+        return create_model(
+            name, hp.num_classes, hp.in_channels, hp.image_size, **(hp.network_kwargs or {})
+        )
+
+    def wrap_network(self, network: nn.Module) -> nn.Module:
+        """The network this objective trains around a built ``network`` (MOON adds its projection
+        head); called for every group's architecture too."""
+        return network
 
     def forward(self, x: Tensor) -> Tensor:
         return self.network(x)
 
     # -- one client's round ---------------------------------------------------------------------
     def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
-        """Start client ``client_id``'s round from ``payload`` with its persistent ``state``."""
+        """Start client ``client_id``'s round from ``payload`` with its persistent ``state``.
+
+        Called with the module on its fitting device; objectives prepare their round context here
+        (tensors on ``self.device``)."""
         self.client_id = client_id
         self.payload = payload
         self.state = state
@@ -110,26 +160,53 @@ class ClientModule(pl.LightningModule):
         self._loss_sum = 0.0
         self._loss_batches = 0
 
-    def end_client(self) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
-        """``(trained weights on CPU, upload extras, new persistent state)`` after the fit."""
+    def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
+        """``(trained weights on CPU, upload extras, new persistent state)`` after a fit that took
+        ``num_steps`` optimizer steps (K_i)."""
         weights = {k: v.detach().to("cpu", copy=True) for k, v in self.network.state_dict().items()}
         return weights, {}, self.state
 
     def client_metrics(self) -> dict[str, float]:
-        """Local training metrics of the round just fitted."""
+        """Local training metrics of the round just fitted (``train_loss``: the mean local loss)."""
         if not self._loss_batches:
             return {}
         return {"train_loss": float(self._loss_sum) / self._loss_batches}
 
+    @property
+    def group(self) -> str | None:
+        """The active group's architecture name (``None`` for homogeneous clients)."""
+        return self.groups[self.group_index] if self.groups else None
+
     def load_network_state(self, weights: StateDict) -> None:
-        """Copy ``weights`` into the network (all keys must match)."""
+        """Copy ``weights`` into the network; with client groups, first activate the group whose
+        architecture has exactly ``weights``' keys."""
+        if self.groups:
+            index = self._by_keys.get(frozenset(weights))
+            if index is None:
+                raise ValueError(
+                    f"no client group's architecture ({', '.join(self.groups)}) has exactly these "
+                    f"{len(weights)} keys"
+                )
+            if index != self.group_index:
+                device = next(self.network.parameters()).device
+                self.group_index = index
+                self.network = self._nets[index].to(device)
+                self.on_group_change()
         self.network.load_state_dict(weights)
 
+    def on_group_change(self) -> None:
+        """Called after another group's network became ``self.network`` (drop per-architecture
+        caches, e.g. MOON's frozen copies)."""
+
     def client_key_sets(self, num_clients: int) -> list[ClientKeys] | None:
-        """Each client's architecture group and state_dict keys when clients train different
-        architectures (passed to a ``heterogeneous`` aggregator's ``setup``); ``None``: every
-        client trains the whole ``network``."""
-        return None
+        """Each client's architecture group and state_dict keys (``None``: every client trains the
+        whole ``network``), passed to the aggregator's ``setup``."""
+        if len(self.groups) < 2:
+            return None
+        keys = [frozenset(net.state_dict()) for net in self._nets]
+        return [
+            ClientKeys(self.groups[g], keys[g]) for g in assign_groups(num_clients, len(self.groups))
+        ]
 
     @classmethod
     def check_precision(cls, precision: str) -> None:
@@ -142,7 +219,7 @@ class ClientModule(pl.LightningModule):
             )
 
     def setup(self, stage: str) -> None:
-        if stage == "fit":
+        if stage == "fit":  # a Trainer fit (Fabric fits are checked by the loop at start-up)
             self.check_precision(str(self.trainer.precision))
 
     def evaluate_clients(
@@ -164,13 +241,15 @@ class ClientModule(pl.LightningModule):
         return {}
 
     # -- training -------------------------------------------------------------------------------
-    def local_loss(self, x: Tensor, y: Tensor) -> Tensor:
-        """The local objective on one batch; subclasses add their terms here."""
+    def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The local objective on one ``(x, y)`` batch; objectives add their terms here."""
+        x, y = batch
         return F.cross_entropy(self(x), y)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        x, y = batch
-        loss = self.local_loss(x, y)
+        """:meth:`local_loss`, with its running mean kept for ``train_loss``. Objectives override
+        ``local_loss``; one that overrides this hook gets a Trainer for its fits."""
+        loss = self.local_loss(batch)
         self._loss_sum = self._loss_sum + loss.detach()
         self._loss_batches += 1
         return loss
@@ -184,44 +263,5 @@ class ClientModule(pl.LightningModule):
             params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
         )
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
         return self.make_optimizer(self.parameters())
-
-    # -- evaluation -----------------------------------------------------------------------------
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        """Global-model accuracy and loss on the global test set (``test_acc``, ``test_loss``)."""
-        x, y = batch
-        logits = self(x)
-        self.test_acc(logits, y)
-        self.test_loss(F.cross_entropy(logits, y, reduction="none"))
-        self.log("test_acc", self.test_acc, on_step=False, on_epoch=True)
-        self.log("test_loss", self.test_loss, on_step=False, on_epoch=True)
-
-    def on_validation_epoch_start(self) -> None:
-        self._val_correct: Tensor | None = None
-        self._val_count: Tensor | None = None
-
-    def validation_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
-        """Batches carry ``(x, y, client_id)``; accuracy is accumulated per client."""
-        x, y, owner = batch
-        correct = (self(x).argmax(dim=1) == y).to(torch.float64)
-        size = int(owner.max()) + 1
-        counts = torch.bincount(owner, minlength=size).to(torch.float64)
-        hits = torch.bincount(owner, weights=correct, minlength=size)
-        self._val_correct = _add_padded(self._val_correct, hits)
-        self._val_count = _add_padded(self._val_count, counts)
-
-    def on_validation_epoch_end(self) -> None:
-        """``val_acc``: the unweighted mean over clients of each client's validation accuracy."""
-        if self._val_count is None:
-            return
-        has_data = self._val_count > 0
-        per_client = self._val_correct[has_data] / self._val_count[has_data]
-        self.log("val_acc", per_client.mean().float())
-
-
-def _add_padded(total: Tensor | None, part: Tensor) -> Tensor:
-    if total is None:
-        return part
-    size = max(len(total), len(part))
-    return F.pad(total, (0, size - len(total))) + F.pad(part, (0, size - len(part)))

@@ -16,6 +16,15 @@ def fednova_a(tau: int, rho: float = 0.0) -> float:
     """The normalising factor of ``tau`` local SGD steps with momentum ``rho``:
     ``a = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho)``, i.e. ``sum_{t=1..tau} (1 - rho^t) /
     (1 - rho)``, the total weight momentum gives the tau gradients; ``a = tau`` when ``rho = 0``.
+
+    >>> fednova_a(10)  # plain SGD: a = tau
+    10.0
+    >>> fednova_a(2, 0.5)  # (1 - 0.5) / 0.5 + (1 - 0.25) / 0.5
+    2.5
+    >>> round(fednova_a(10, 0.9), 4)  # momentum weighs the early gradients more than once
+    41.3811
+    >>> fednova_a(1, 0.9)  # one step: momentum has nothing to carry yet
+    1.0
     """
     if tau < 0:
         raise ValueError(f"tau must be >= 0, got {tau}")
@@ -27,7 +36,7 @@ def fednova_a(tau: int, rho: float = 0.0) -> float:
 
 
 class FedNovaClient(ClientModule):
-    """Plain local SGD that reports its normalising factor (ALGORITHMS.md 1.5):
+    """Plain local SGD that reports its normalising factor (docs/algorithms.md 1.5):
     ``a_i = fednova_a(tau_i, rho)`` with ``tau_i`` the optimizer steps actually taken and ``rho``
     the SGD momentum, as the upload extra ``"a"``. The local objective is cross-entropy; the
     normalised averaging ``d_i = (x - x_i) / a_i`` happens on the server from the uploaded weights.
@@ -35,7 +44,8 @@ class FedNovaClient(ClientModule):
     Only SGD is allowed (a_i describes SGD with momentum; Adam has no such factor). Weight decay
     acts on the gradient and does not change a_i (as in the authors' code without a proximal term).
     Precisions that can skip optimizer steps (``16-mixed`` with its gradient scaler) are refused:
-    the Trainer counts a skipped step in ``global_step``, so ``tau_i`` would not be the real count.
+    a skipped step is still counted (as Lightning's ``global_step`` counts it), so ``tau_i`` would
+    not be the real count.
     Pair with :class:`fedlightning.server.FedNova`.
 
     Args:
@@ -53,6 +63,6 @@ class FedNovaClient(ClientModule):
                 f"got {self.optimizer_name!r}"
             )
 
-    def end_client(self) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
-        weights, extras, state = super().end_client()
-        return weights, {**extras, "a": fednova_a(self.trainer.global_step, self.momentum)}, state
+    def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
+        weights, extras, state = super().end_client(num_steps)
+        return weights, {**extras, "a": fednova_a(num_steps, self.momentum)}, state

@@ -7,11 +7,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from fedlightning.clients.base import ClientModule
 from fedlightning.errors import ConfigurationError
+from fedlightning.protocol import Payload
 
 
 def proximal_term(params: Iterable[tuple[str, Tensor]], anchor: dict[str, Tensor]) -> Tensor:
@@ -25,7 +25,7 @@ def proximal_term(params: Iterable[tuple[str, Tensor]], anchor: dict[str, Tensor
 
 
 class FedProx(ClientModule):
-    """Cross-entropy plus a proximal term towards the dispatched model (ALGORITHMS.md 1.2):
+    """Cross-entropy plus a proximal term towards the dispatched model (docs/algorithms.md 1.2):
     ``loss = CE(f(x), y) + (mu / 2) * sum_p ||w_p - w_p^dispatched||^2``.
 
     The sum runs over the trainable parameters (buffers such as BatchNorm statistics are not
@@ -44,16 +44,17 @@ class FedProx(ClientModule):
         self.mu = mu
         self._anchor: dict[str, Tensor] = {}
 
-    def on_train_start(self) -> None:
+    def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
+        super().begin_client(client_id, payload, state)
         # the anchor lives beside the parameters, on their device and dtype, for the whole round
         self._anchor = {
-            name: self.payload.weights[name].to(device=p.device, dtype=p.dtype)
+            name: payload.weights[name].to(device=p.device, dtype=p.dtype)
             for name, p in self.network.named_parameters()
             if p.requires_grad
         }
 
-    def local_loss(self, x: Tensor, y: Tensor) -> Tensor:
-        loss = F.cross_entropy(self(x), y)
+    def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        loss = super().local_loss(batch)
         if self.mu == 0:
             return loss
         trainable = ((n, p) for n, p in self.network.named_parameters() if p.requires_grad)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +56,7 @@ class ProjectedNetwork(nn.Module):
 
 
 class MOON(ClientModule):
-    """Cross-entropy plus the model-contrastive loss (ALGORITHMS.md 1.3):
+    """Cross-entropy plus the model-contrastive loss (docs/algorithms.md 1.3):
     ``loss = CE(head(z), y) + mu * l_con(z, z_glob, z_prev)`` with ``z = proj(h(x))`` from the
     model being trained, ``z_glob`` from the dispatched global model and ``z_prev`` from this
     client's model as it ended its previous participation (both frozen, in eval mode).
@@ -75,6 +75,8 @@ class MOON(ClientModule):
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
 
+    loss_uses_client_state: ClassVar[bool] = True
+
     def __init__(
         self, mu: float = 1.0, tau: float = 0.5, projection_dim: int = 256, **kwargs: Any
     ) -> None:
@@ -84,35 +86,39 @@ class MOON(ClientModule):
             raise ConfigurationError(f"MOON tau must be > 0, got {tau}")
         if projection_dim < 1:
             raise ConfigurationError(f"MOON projection_dim must be >= 1, got {projection_dim}")
-        super().__init__(**kwargs)
-        backbone = self.network
-        if not (hasattr(backbone, "forward_features") and hasattr(backbone, "feature_dim")):
-            raise ConfigurationError(
-                f"MOON needs a network exposing forward_features() and feature_dim (every registered "
-                f"model does), got {type(backbone).__name__}"
-            )
-        self.network = ProjectedNetwork(backbone, self.num_classes, projection_dim)
         self.mu = mu
         self.tau = tau
         # frozen copies, deliberately not submodules: they are neither trained, nor moved to train
-        # mode by Lightning, nor part of the uploaded state_dict
+        # mode, nor part of the uploaded state_dict
         self._frozen: dict[str, nn.Module] = {}
+        super().__init__(**kwargs)
+
+    def wrap_network(self, network: nn.Module) -> nn.Module:
+        if not (hasattr(network, "forward_features") and hasattr(network, "feature_dim")):
+            raise ConfigurationError(
+                f"MOON needs a network exposing forward_features() and feature_dim (every registered "
+                f"model does), got {type(network).__name__}"
+            )
+        return ProjectedNetwork(network, self.hparams.num_classes, self.hparams.projection_dim)
+
+    def on_group_change(self) -> None:
+        self._frozen = {}
 
     def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
         super().begin_client(client_id, payload, state)
+        like = next(self.network.parameters())
         if not self._frozen:
             self._frozen = {
-                k: copy.deepcopy(self.network).requires_grad_(False) for k in ("global", "previous")
+                k: copy.deepcopy(self.network).requires_grad_(False).eval()
+                for k in ("global", "previous")
             }
+        for net in self._frozen.values():
+            net.to(device=like.device, dtype=like.dtype)
         self._frozen["global"].load_state_dict(payload.weights)
         self._frozen["previous"].load_state_dict(state.get("previous", payload.weights))
 
-    def on_train_start(self) -> None:
-        like = next(self.network.parameters())
-        for net in self._frozen.values():
-            net.to(device=like.device, dtype=like.dtype).eval()
-
-    def local_loss(self, x: Tensor, y: Tensor) -> Tensor:
+    def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
         z = self.network.forward_features(x)
         loss = F.cross_entropy(self.network.head(z), y)
         if self.mu == 0:
@@ -122,6 +128,6 @@ class MOON(ClientModule):
             z_prev = self._frozen["previous"].forward_features(x)
         return loss + self.mu * moon_contrastive_loss(z, z_glob, z_prev, self.tau)
 
-    def end_client(self) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
-        weights, extras, state = super().end_client()
+    def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
+        weights, extras, state = super().end_client(num_steps)
         return weights, extras, {**state, "previous": weights}

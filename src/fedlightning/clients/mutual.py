@@ -47,20 +47,19 @@ def dml_losses(
 
 
 class FML(ClientModule):
-    """Federated mutual learning (ALGORITHMS.md 1.6): on every batch the meme model (the dispatched
-    global model, ``network``) and the client's personal model see the same ``x`` and each takes
-    one optimizer step on its :func:`dml_losses` term. The meme model is uploaded; the personal
+    """Federated mutual learning (docs/algorithms.md 1.6): on every batch the meme model (the
+    dispatched global model, ``network``) and the client's personal model see the same ``x``; the
+    local objective is ``loss_meme + loss_local`` (:func:`dml_losses`, each partner detached), so
+    one optimizer step moves each model along the gradient of its own term. The meme model is uploaded; the personal
     model (any registered architecture, ``personal_network``) and its optimizer state stay in the
     ClientStore and never reach the server. Pair with ``FedAvg(weighting="uniform")`` (the paper
     averages the memes uniformly); ``beta = 1`` then is exactly uniform FedAvg on the meme side.
 
     A client's personal model is initialised at its first participation, from a generator forked
     off the loop's seeded per-fit RNG (so it does not shift the meme side's random stream). Its
-    optimizer (same kind and hyper-parameters as the meme's) carries its state across rounds; the
-    meme's optimizer is fresh every round. The two models train with Lightning manual optimization;
-    only the meme's steps are counted by the Trainer, so ``global_step`` (and ``local_steps``)
-    count batches. Precision ``16-mixed`` is refused: the personal model's optimizer runs outside
-    Lightning's gradient scaler.
+    parameters are a second parameter group of the one optimizer (same kind and hyper-parameters as
+    the meme's); that group's state (momentum, Adam moments) carries across rounds in the
+    ClientStore, while the meme's is fresh every round. Steps (and ``local_steps``) count batches.
 
     :meth:`evaluate_clients` reports ``personal_acc``: each participating client's personal model
     on its own validation split, averaged over those clients (unweighted, like ``val_acc``).
@@ -75,9 +74,7 @@ class FML(ClientModule):
     """
 
     required_weighting: ClassVar[str | None] = "uniform"  # the server's mean of the memes
-    supported_precisions: ClassVar[frozenset[str]] = frozenset(
-        {"32-true", "32", "bf16-mixed", "64-true"}
-    )
+    loss_uses_client_state: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -103,8 +100,7 @@ class FML(ClientModule):
         self.personal = self._build_personal()
         self.alpha = alpha
         self.beta = beta
-        self.automatic_optimization = False
-        self._personal_optimizer: torch.optim.Optimizer | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
         self._personal_loss_sum: Tensor | float = 0.0
 
     def _build_personal(self) -> nn.Module:
@@ -123,45 +119,52 @@ class FML(ClientModule):
                 self.personal.load_state_dict(self._build_personal().state_dict())
         self.personal.train()
         self._personal_loss_sum = 0.0
+        self._meme_loss_sum: Tensor | float = 0.0
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        # the personal optimizer is ours, not Lightning's: the Trainer then counts meme steps only
-        self._personal_optimizer = self.make_optimizer(self.personal.parameters())
-        if "optimizer" in self.state:
-            # a copy: load_state_dict may alias the stored tensors, which the steps then modify
-            self._personal_optimizer.load_state_dict(copy.deepcopy(self.state["optimizer"]))
-        return self.make_optimizer(self.network.parameters())
+        optimizer = self.make_optimizer(self.network.parameters())
+        personal = [p for p in self.personal.parameters() if p.requires_grad]
+        optimizer.add_param_group({"params": personal})
+        for param, saved in zip(personal, self.state.get("optimizer", []), strict=False):
+            # copies on the parameter's device (scalars such as Adam's step stay where torch
+            # keeps them): the steps update the optimizer state in place
+            optimizer.state[param] = {
+                k: _copy(v, param.device if isinstance(v, Tensor) and v.dim() else None)
+                for k, v in saved.items()
+            }
+        self._optimizer = optimizer
+        return optimizer
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
         loss_meme, loss_local = dml_losses(
             self.network(x), self.personal(x), y, self.alpha, self.beta
         )
-        meme_optimizer = self.optimizers()
-        meme_optimizer.zero_grad()
-        self._personal_optimizer.zero_grad()
-        # the graphs are disjoint (partners detached): each model gets the gradient of its own loss
-        self.manual_backward(loss_meme + loss_local)
-        meme_optimizer.step()
-        self._personal_optimizer.step()
-        self._loss_sum = self._loss_sum + loss_meme.detach()
         self._personal_loss_sum = self._personal_loss_sum + loss_local.detach()
-        self._loss_batches += 1
+        self._meme_loss_sum = self._meme_loss_sum + loss_meme.detach()
+        # the graphs are disjoint (partners detached): each model gets the gradient of its own loss
+        return loss_meme + loss_local
 
-    def end_client(self) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
-        weights, extras, state = super().end_client()
+    def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
+        weights, extras, state = super().end_client(num_steps)
         personal = {
             k: v.detach().to("cpu", copy=True) for k, v in self.personal.state_dict().items()
         }
-        state = {**state, "personal": personal, "optimizer": self._personal_optimizer.state_dict()}
-        self._personal_optimizer = None
-        return weights, extras, state
+        optimizer = self._optimizer
+        saved = [] if optimizer is None else [
+            {k: _copy(v, "cpu") for k, v in optimizer.state.get(p, {}).items()}
+            for p in optimizer.param_groups[1]["params"]
+        ]  # fmt: skip
+        self._optimizer = None
+        return weights, extras, {**state, "personal": personal, "optimizer": saved}
 
     def client_metrics(self) -> dict[str, float]:
-        metrics = super().client_metrics()
-        if self._loss_batches:
-            metrics["personal_train_loss"] = float(self._personal_loss_sum) / self._loss_batches
-        return metrics
+        if not self._loss_batches:
+            return {}
+        return {
+            "train_loss": float(self._meme_loss_sum) / self._loss_batches,
+            "personal_train_loss": float(self._personal_loss_sum) / self._loss_batches,
+        }
 
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate_clients(
@@ -191,3 +194,10 @@ class FML(ClientModule):
                     accuracies.append(correct / count)
         model.train()
         return {"personal_acc": sum(accuracies) / len(accuracies)} if accuracies else {}
+
+
+def _copy(value: Any, device: str | torch.device | None = None) -> Any:
+    """A copy of one optimizer-state entry (tensors cloned, optionally moved)."""
+    if isinstance(value, Tensor):
+        return value.detach().to(device or value.device, copy=True)
+    return copy.deepcopy(value)

@@ -40,26 +40,24 @@ def scaffold_control_update(
 
 
 class ScaffoldClient(ClientModule):
-    """Local SGD with drift correction (ALGORITHMS.md 1.4): after every optimizer step
-    ``y <- y - lr * (c - c_i)``; after the fit, ``c_i`` is renewed by option II
-    (:func:`scaffold_control_update`) from the real number of optimizer steps ``K_i`` and ``lr``,
-    and ``delta_c = c_i+ - c_i`` is uploaded.
+    """Local SGD with drift correction (docs/algorithms.md 1.4): the local objective is
+    ``CE(f(x), y) + sum_p <c_p - c_{i,p}, w_p>``, so every SGD step is
+    ``y <- y - lr (g(y) + c - c_i)`` (Algorithm 1, line 10); after the fit, ``c_i`` is renewed by
+    option II (:func:`scaffold_control_update`) from the real number of optimizer steps ``K_i`` and
+    ``lr``, and ``delta_c = c_i+ - c_i`` is uploaded.
 
     ``c`` comes in the payload (extra ``"c"``), ``c_i`` lives in the ClientStore (zeros before a
-    client's first participation); both are shaped like the trainable parameters. The correction
-    is applied to the parameters after each step rather than folded into the gradient, so that it
-    is exactly ``-lr (c - c_i)`` whatever the momentum (as in NIID-Bench's SCAFFOLD). The two forms
-    of ALGORITHMS.md 1.4 agree for plain SGD, with or without weight decay; with momentum rho the
-    gradient form would feed ``c - c_i`` into the momentum buffer (up to ``lr (c - c_i) / (1 - rho)``
-    per step), so the after-step form is the one taken. ``K_i`` counts the optimizer steps (one
-    per batch) and ``lr`` is the optimizer's step size, so ``(x - y) / (K_i lr)`` is the mean
-    update direction: the mean gradient of the local objective (weight decay included) for plain
-    SGD, its momentum-weighted mean with momentum (an approximation the reference implementations
-    accept), plus ``c - c_i``, which option II subtracts again.
+    client's first participation); both are shaped like the trainable parameters. The correction is
+    a linear term of the loss (its gradient is exactly ``c - c_i``), so the objective is one
+    function of the parameters and the batch, and every backend trains it with no SCAFFOLD-specific
+    step. With SGD momentum rho the correction enters the momentum buffer like the gradient does
+    (the paper's update, with momentum applied to the corrected gradient); ``(x - y) / (K_i lr)``
+    is then the momentum-weighted mean corrected gradient, the approximation the reference
+    implementations accept.
 
     Only SGD is allowed: an Adam step is not ``lr`` times a gradient, so ``(x - y) / (K_i lr)``
     would not estimate one. Precisions that can skip optimizer steps (``16-mixed`` with its
-    gradient scaler) are refused: a skipped step would still be counted in ``K_i`` and corrected.
+    gradient scaler) are refused: a skipped step would still be counted in ``K_i``.
     Pair with :class:`fedlightning.server.Scaffold`.
 
     Args:
@@ -69,6 +67,7 @@ class ScaffoldClient(ClientModule):
     required_payload_extras: ClassVar[frozenset[str]] = frozenset({"c"})
     upload_extras: ClassVar[frozenset[str]] = frozenset({"delta_c"})
     supported_precisions: ClassVar[frozenset[str]] = NO_SKIP_PRECISIONS
+    loss_uses_client_state: ClassVar[bool] = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -77,43 +76,31 @@ class ScaffoldClient(ClientModule):
                 f"{type(self).__name__} needs optimizer 'sgd' (option II assumes SGD steps), "
                 f"got {self.optimizer_name!r}"
             )
-        self.num_steps = 0
-        self._params: list[Tensor] = []
-        self._corrections: list[Tensor] = []
+        self._correction: dict[str, Tensor] = {}
 
     def trainable(self) -> list[tuple[str, Tensor]]:
         return [(n, p) for n, p in self.network.named_parameters() if p.requires_grad]
 
     def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
         super().begin_client(client_id, payload, state)
-        self.num_steps = 0
+        c, c_i = payload.extras["c"], state.get("c_i", {})
+        # c - c_i is fixed for the round: computed once (float64, then the parameter's dtype)
+        self._correction = {
+            n: (c[n].double() - c_i[n].double() if n in c_i else c[n].double()).to(p)
+            for n, p in self.trainable()
+        }
 
-    def on_train_start(self) -> None:
-        c = self.payload.extras["c"]
-        c_i = self.state.get("c_i", {})
-        named = self.trainable()
-        self._params = [p for _, p in named]
-        # lr (c - c_i) is fixed for the round: computed once, applied after every step
-        self._corrections = [
-            (self.lr * (c[n].double() - c_i[n].double() if n in c_i else c[n].double())).to(p)
-            for n, p in named
-        ]
+    def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        linear = [(self._correction[n] * p).sum() for n, p in self.trainable()]
+        return super().local_loss(batch) + torch.stack(linear).sum()
 
-    def optimizer_step(
-        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
-    ) -> None:
-        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        with torch.no_grad():
-            torch._foreach_sub_(self._params, self._corrections)
-        self.num_steps += 1
-
-    def end_client(self) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
-        weights, extras, state = super().end_client()
+    def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
+        weights, extras, state = super().end_client(num_steps)
         names = [n for n, _ in self.trainable()]
         c = self.payload.extras["c"]
         c_i = state.get("c_i") or {n: torch.zeros_like(c[n]) for n in names}
         c_plus, delta_c = scaffold_control_update(
-            c_i, c, self.payload.weights, weights, self.num_steps, self.lr
+            c_i, c, self.payload.weights, weights, num_steps, self.lr
         )
-        self._params, self._corrections = [], []
+        self._correction = {}
         return weights, {**extras, "delta_c": delta_c}, {**state, "c_i": c_plus}

@@ -1,6 +1,6 @@
 """CoFED participants: any model with its own label space and its own training recipe.
 Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task learning via co-training",
-arXiv:2202.08603 (ALGORITHMS.md section 3).
+arXiv:2202.08603 (docs/algorithms.md section 3).
 
 A :class:`Participant` is trained locally, predicts class probabilities on the public set and is
 update-trained on its local plus pseudo-labelled data. :class:`TorchParticipants` builds
@@ -271,7 +271,8 @@ class _WeightedCEClient(ClientModule):
         )  # fmt: skip
         self.class_weight: Tensor | None = None
 
-    def local_loss(self, x: Tensor, y: Tensor) -> Tensor:
+    def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
         weight = None if self.class_weight is None else self.class_weight.to(x.device)
         return F.cross_entropy(self(x), y, weight=weight)
 

@@ -1,6 +1,6 @@
 """CoFED: one-shot co-training across participants with different models, label spaces and recipes.
 Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task learning via co-training",
-arXiv:2202.08603 (ALGORITHMS.md section 3).
+arXiv:2202.08603 (docs/algorithms.md section 3).
 """
 
 from __future__ import annotations

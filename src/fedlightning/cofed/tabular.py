@@ -1,7 +1,7 @@
 """CoFED's tabular variant (the paper's Adult experiment shape): scikit-learn participants of four
 kinds, a public set sampled from independent column marginals, a binary majority vote.
 Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task learning via co-training",
-arXiv:2202.08603 (ALGORITHMS.md section 3, "Tabular variant").
+arXiv:2202.08603 (docs/algorithms.md section 3, "Tabular variant").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """CoFED's pseudo-label vote: Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task
-learning via co-training", arXiv:2202.08603 (ALGORITHMS.md section 3, steps 2-4).
+learning via co-training", arXiv:2202.08603 (docs/algorithms.md section 3, steps 2-4).
 
 Pure numpy over the participants' probability matrices on the shared public set; nothing but
 labels leaves this module.

@@ -19,7 +19,7 @@ from fedlightning.seeding import derive_seed
 
 
 class FederatedDataModule(pl.LightningDataModule):
-    """A data set partitioned over ``num_clients`` clients (ALGORITHMS.md section 4).
+    """A data set partitioned over ``num_clients`` clients (docs/algorithms.md section 4).
 
     Args:
         dataset: the source: ``digits`` (scikit-learn's bundled digits, the offline default),

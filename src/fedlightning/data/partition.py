@@ -1,7 +1,7 @@
 """Federated partitions: pure functions of (labels, number of clients, parameters, seed).
 
 Each partitioner returns one ``int64`` index array per client into the pool it was given; every
-sample is assigned to exactly one client (ALGORITHMS.md section 4). ``count_table`` turns a
+sample is assigned to exactly one client (docs/algorithms.md section 4). ``count_table`` turns a
 partition into the clients x classes table that every run saves as ``partition.csv``.
 """
 
@@ -18,7 +18,12 @@ PARTITIONS = ("iid", "dirichlet", "shards", "natural")
 
 
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
-    """Shuffle all indices and split them into ``num_clients`` parts whose sizes differ by <= 1."""
+    """Shuffle all indices and split them into ``num_clients`` parts whose sizes differ by <= 1.
+
+    >>> labels = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    >>> [part.tolist() for part in iid(labels, num_clients=3, seed=0)]
+    [[2, 4, 7, 9], [0, 3, 5, 11], [1, 6, 8, 10]]
+    """
     _check_num_clients(num_clients, len(labels))
     order = np.random.default_rng(seed).permutation(len(labels))
     return [np.sort(part) for part in np.array_split(order, num_clients)]
@@ -37,7 +42,15 @@ def dirichlet(
     For every class c, proportions ``q_c ~ Dir(beta * 1_N)`` over the N clients decide how the
     class's (shuffled) samples are cut. The whole draw is repeated until every client holds at
     least ``min_size`` samples; smaller ``beta`` means more skew. Unlike NIID-Bench's code, no
-    client is capped during the draw (ALGORITHMS.md section 4 specifies plain resampling).
+    client is capped during the draw (docs/algorithms.md section 4 specifies plain resampling).
+
+    >>> labels = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    >>> parts = dirichlet(labels, num_clients=2, beta=0.5, seed=0, min_size=2)
+    >>> [part.tolist() for part in parts]
+    [[7, 8, 9], [0, 1, 2, 3, 4, 5, 6, 10, 11]]
+    >>> count_table(labels, parts, num_classes=3)
+    array([[0, 1, 2],
+           [4, 3, 2]])
     """
     if not beta > 0:
         raise ConfigurationError(f"dirichlet beta must be > 0, got {beta}")
@@ -78,6 +91,15 @@ def shards(
     most one so that every sample is assigned) and give each client ``shards_per_client`` shards
     chosen at random. A client therefore sees at most ``shards_per_client`` classes whenever every
     class is at least one shard long.
+
+    >>> labels = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
+    >>> parts = shards(labels, num_clients=3, shards_per_client=2, seed=0)
+    >>> [part.tolist() for part in parts]
+    [[4, 7, 8, 10], [0, 1, 2, 3], [5, 6, 9, 11]]
+    >>> count_table(labels, parts, num_classes=3)  # each client: at most 2 classes
+    array([[0, 2, 2],
+           [4, 0, 0],
+           [0, 2, 2]])
     """
     if shards_per_client < 1:
         raise ConfigurationError(f"shards_per_client must be >= 1, got {shards_per_client}")
@@ -104,6 +126,9 @@ def natural(client_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:
     """A data set's own client ids (e.g. FEMNIST writers): client k owns the samples tagged k.
 
     ``client_ids`` holds, per sample, a client index in ``[0, num_clients)``.
+
+    >>> [part.tolist() for part in natural([0, 1, 0, 2, 1])]
+    [[0, 2], [1, 4], [3]]
     """
     client_ids = np.asarray(client_ids)
     num_clients = int(client_ids.max()) + 1 if len(client_ids) else 0
@@ -115,12 +140,21 @@ def natural(client_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:
 
 
 def count_table(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
-    """The clients x classes matrix of sample counts of a partition."""
+    """The clients x classes matrix of sample counts of a partition.
+
+    >>> count_table(np.array([0, 0, 1, 2]), [np.array([0, 2]), np.array([1, 3])], num_classes=3)
+    array([[1, 1, 0],
+           [1, 0, 1]])
+    """
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]).astype(np.int64)
 
 
 def label_entropy(table: np.ndarray) -> np.ndarray:
-    """Per-client Shannon entropy (nats) of the label distribution: lower means more skew."""
+    """Per-client Shannon entropy (nats) of the label distribution: lower means more skew.
+
+    >>> label_entropy(np.array([[2, 2], [4, 0]])).round(4).tolist()  # log 2 and 0
+    [0.6931, 0.0]
+    """
     probs = table / np.maximum(table.sum(axis=1, keepdims=True), 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(probs > 0, -probs * np.log(probs), 0.0)
@@ -128,7 +162,13 @@ def label_entropy(table: np.ndarray) -> np.ndarray:
 
 
 def partition_hash(parts: Sequence[np.ndarray]) -> str:
-    """A short digest of a partition, stored in checkpoints to detect a changed data split."""
+    """A short digest of a partition, stored in checkpoints to detect a changed data split.
+
+    >>> partition_hash([np.array([0, 1]), np.array([2])])
+    '63f3ba7526e7ecb6'
+    >>> partition_hash([np.array([0]), np.array([1, 2])])  # the same samples, split otherwise
+    'a692e6d897c32e0f'
+    """
     digest = hashlib.sha256()
     for part in parts:
         digest.update(np.asarray(part, dtype=np.int64).tobytes())

@@ -1,5 +1,5 @@
 """CoFED's random CNN family: Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task
-learning via co-training", arXiv:2202.08603 (Table 1; ALGORITHMS.md section 3).
+learning via co-training", arXiv:2202.08603 (Table 1; docs/algorithms.md section 3).
 
 Every CoFED participant owns a differently shaped network; the family is drawn from a seed so that a
 run's architectures are reproducible and each participant gets its own.

@@ -18,7 +18,15 @@ RUNNING_STATISTICS = ("running_mean", "running_var")
 
 
 def clone_state(state: StateDict) -> StateDict:
-    """A detached, contiguous CPU copy of ``state`` (own storage per tensor)."""
+    """A detached, contiguous CPU copy of ``state`` (own storage per tensor).
+
+    >>> state = {"w": torch.tensor([1.0, 2.0])}
+    >>> copy = clone_state(state)
+    >>> copy["w"].add_(1.0)
+    tensor([2., 3.])
+    >>> state["w"]
+    tensor([1., 2.])
+    """
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
 
 
@@ -27,6 +35,11 @@ def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> S
 
     Integer entries are taken from the first state (ALGORITHMS.md 2.1: taken from one client,
     never averaged as floats). All states must have the same keys and shapes.
+
+    >>> a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
+    >>> b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}
+    >>> weighted_average([a, b], [1, 3])
+    {'w': tensor([2.5000, 5.0000]), 'n': tensor(3)}
     """
     if not states:
         raise ValueError("weighted_average needs at least one state_dict")
@@ -55,17 +68,30 @@ def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> S
 
 
 def uniform_average(states: Sequence[StateDict]) -> StateDict:
-    """The plain mean ``(1/K) sum_i state_i`` (integer entries from the first state)."""
+    """The plain mean ``(1/K) sum_i state_i`` (integer entries from the first state).
+
+    >>> uniform_average([{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 6.0])}])
+    {'w': tensor([2., 4.])}
+    """
     return weighted_average(states, [1.0] * len(states))
 
 
 def float_keys(state: StateDict) -> list[str]:
-    """Names of the floating-point entries (parameters and float buffers)."""
+    """Names of the floating-point entries (parameters and float buffers).
+
+    >>> float_keys({"bn.running_mean": torch.zeros(2), "bn.num_batches_tracked": torch.tensor(0)})
+    ['bn.running_mean']
+    """
     return [k for k, v in state.items() if v.is_floating_point()]
 
 
 def subtract(a: StateDict, b: StateDict) -> StateDict:
-    """``a - b`` on the floating entries of ``a``."""
+    """``a - b`` on the floating entries of ``a``.
+
+    >>> a = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}
+    >>> subtract(a, {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(2)})
+    {'w': tensor([2., 4.])}
+    """
     return {k: a[k] - b[k] for k in float_keys(a)}
 
 
@@ -78,6 +104,13 @@ def coordinate_median(states: Sequence[StateDict]) -> StateDict:
 
     For an even number of states the mean of the two middle values is taken. Integer entries are
     taken from the first state. Unweighted: every client counts once.
+
+    >>> states = [{"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([3.0, 6.0])},
+    ...           {"w": torch.tensor([100.0, -1.0])}]
+    >>> coordinate_median(states)
+    {'w': tensor([3., 2.])}
+    >>> coordinate_median(states[:2])  # even K: the mean of the two middle values
+    {'w': tensor([2., 4.])}
     """
     if not states:
         raise ValueError("coordinate_median needs at least one state_dict")
@@ -98,6 +131,10 @@ def trimmed_mean(states: Sequence[StateDict], beta: float) -> StateDict:
 
     Per coordinate, the ``floor(beta * K)`` largest and smallest of the K values are removed and
     the rest averaged. ``beta`` in [0, 0.5) and at least one value must remain.
+
+    >>> states = [{"w": torch.tensor([v])} for v in (1.0, 2.0, 3.0, 4.0, 100.0)]
+    >>> trimmed_mean(states, 0.2)  # floor(0.2 * 5) = 1 value cut at each end: mean of 2, 3, 4
+    {'w': tensor([3.])}
     """
     k = len(states)
     cut = int(beta * k)
@@ -116,7 +153,11 @@ def trimmed_mean(states: Sequence[StateDict], beta: float) -> StateDict:
 
 
 def update_norm(state: StateDict, reference: StateDict) -> float:
-    """``||state - reference||_2`` over all floating entries, as one flat vector."""
+    """``||state - reference||_2`` over all floating entries, as one flat vector.
+
+    >>> update_norm({"w": torch.tensor([3.0, 4.0])}, {"w": torch.zeros(2)})
+    5.0
+    """
     total = sum(
         float((state[k].double() - reference[k].double()).pow(2).sum())
         for k in float_keys(reference)
@@ -126,7 +167,11 @@ def update_norm(state: StateDict, reference: StateDict) -> float:
 
 def clip_update(state: StateDict, reference: StateDict, max_norm: float) -> StateDict:
     """``reference + u * min(1, max_norm / ||u||)`` with ``u = state - reference`` (floating
-    entries; integer entries pass through). Bounds each client's influence on the average."""
+    entries; integer entries pass through). Bounds each client's influence on the average.
+
+    >>> clip_update({"w": torch.tensor([3.0, 4.0])}, {"w": torch.zeros(2)}, max_norm=1.0)
+    {'w': tensor([0.6000, 0.8000])}
+    """
     norm = update_norm(state, reference)
     if norm <= max_norm:
         return state

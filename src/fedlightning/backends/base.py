@@ -1,0 +1,44 @@
+"""The Backend protocol: how a round's client fits are run.
+
+The loop hands a backend the round's :class:`~fedlightning.protocol.ClientJob` objects and gets
+back, per client, a :class:`~fedlightning.protocol.FitResult` or the exception its fit raised; it
+knows nothing else about a backend. A backend runs fits with
+:class:`fedlightning.fit.ClientFitter` (or, for the cohort backend, the objective's own
+``local_loss`` vectorized over clients), so results never depend on the backend beyond
+floating-point reassociation.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from fedlightning.protocol import ClientJob, FitConfig, FitResult
+
+if TYPE_CHECKING:
+    from fedlightning.clients.base import ClientModule
+    from fedlightning.data.datamodule import FederatedDataModule
+
+#: what a backend returns for one round
+RoundResults = dict[int, FitResult | BaseException]
+
+
+class Backend(ABC):
+    """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``."""
+
+    def check(self, model: ClientModule, config: FitConfig) -> None:  # noqa: B027 (optional hook)
+        """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config``;
+        called by the loop at start-up, before anything is written or trained."""
+
+    @abstractmethod
+    def start(self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig) -> None:
+        """Prepare to fit clients of ``model`` on ``datamodule`` (set up data, devices, workers)."""
+
+    @abstractmethod
+    def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
+        """Fit every job's client; per client id, its result or the exception its fit raised
+        (a :class:`~fedlightning.errors.ConfigurationError` may be raised instead: it ends the run)."""
+
+    def stop(self) -> None:  # noqa: B027 (optional hook)
+        """Release what ``start`` acquired (workers, devices); the backend may be started again."""

@@ -1,0 +1,240 @@
+"""One client's local fit: :func:`fit_client`, the only place a fit happens; every backend calls it.
+
+A client objective states its local objective as :meth:`ClientModule.local_loss`; the fit runs it
+on Lightning Fabric (precision and gradient scaler, optimizer and LR schedulers in any form
+``configure_optimizers`` documents, gradient clipping), or on a lean Lightning Trainer when the
+objective needs one (manual optimization, overridden training hooks, a precision Fabric's loop
+here does not cover): :func:`trainer_reason` says which, and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.fabric import Fabric
+
+from fedlightning.errors import ConfigurationError
+from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
+from fedlightning.seeding import derive_seed, seed_fit
+from fedlightning.training import lean_trainer
+
+if TYPE_CHECKING:
+    from fedlightning.clients.base import ClientModule
+    from fedlightning.data.datamodule import FederatedDataModule
+
+#: precisions the Fabric fit runs (others, e.g. ``64-true``, get the Trainer)
+FABRIC_PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed")
+#: LightningModule hooks the Fabric fit does not call: a module overriding any of them (relative to
+#: ClientModule) is fitted by a Trainer so that its hooks run
+TRAINER_HOOKS = (
+    "training_step", "optimizer_step", "optimizer_zero_grad", "backward", "on_before_backward",
+    "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_start",
+    "on_train_batch_end", "on_train_epoch_start", "on_train_epoch_end", "on_train_start",
+    "on_train_end", "on_fit_start", "on_fit_end", "configure_gradient_clipping",
+    "lr_scheduler_step", "transfer_batch_to_device", "on_before_batch_transfer",
+    "on_after_batch_transfer", "configure_callbacks", "configure_model", "setup", "teardown",
+)  # fmt: skip
+
+
+def trainer_reason(model: ClientModule, precision: str) -> str | None:
+    """Why ``model`` needs a Lightning Trainer for its fits (``None``: Fabric fits it)."""
+    from fedlightning.clients.base import ClientModule
+
+    if str(precision) not in FABRIC_PRECISIONS:
+        return f"precision {precision!r} (the Fabric fit covers {', '.join(FABRIC_PRECISIONS)})"
+    if not model.automatic_optimization:
+        return "it uses manual optimization"
+    overridden = [h for h in TRAINER_HOOKS if getattr(type(model), h) is not getattr(ClientModule, h)]
+    if overridden:
+        return f"{type(model).__name__} overrides {', '.join(overridden)}"
+    return None
+
+
+@dataclass
+class SchedulerConfig:
+    """One LR scheduler as Lightning's ``lr_scheduler_config`` describes it."""
+
+    scheduler: Any
+    interval: str = "epoch"
+    frequency: int = 1
+    monitor: str | None = None
+
+
+def split_optimizers(
+    returned: Any, name: str = "configure_optimizers"
+) -> tuple[torch.optim.Optimizer, list[SchedulerConfig]]:
+    """The optimizer and LR schedulers from what ``configure_optimizers`` returned, in any of
+    Lightning's documented forms: an optimizer; a list/tuple of one optimizer; two lists
+    ``([optimizer], [scheduler or config])``; a dict ``{"optimizer": ..., "lr_scheduler":
+    scheduler or {"scheduler": ..., "interval": "epoch"|"step", "frequency": n, "monitor": ...}}``.
+
+    Automatic optimization trains with one optimizer (Lightning's rule too): several are refused.
+    """
+    optimizers: list[Any]
+    schedulers: list[Any] = []
+    if isinstance(returned, torch.optim.Optimizer):
+        optimizers = [returned]
+    elif isinstance(returned, Mapping):
+        optimizers = [returned.get("optimizer")]
+        if returned.get("lr_scheduler") is not None:
+            schedulers = [returned["lr_scheduler"]]
+    elif (
+        isinstance(returned, Sequence)
+        and len(returned) == 2
+        and all(isinstance(part, Sequence) for part in returned)
+    ):
+        optimizers, schedulers = list(returned[0]), list(returned[1])
+    elif isinstance(returned, Sequence) and not isinstance(returned, str | bytes):
+        optimizers = list(returned)
+    else:
+        raise ConfigurationError(
+            f"{name}() returned {type(returned).__name__}: return an optimizer, a list of one, "
+            "([optimizer], [scheduler]) or {'optimizer': ..., 'lr_scheduler': ...}"
+        )
+    if len(optimizers) != 1 or not isinstance(optimizers[0], torch.optim.Optimizer):
+        raise ConfigurationError(
+            f"{name}() must give exactly one torch optimizer for automatic optimization, got "
+            f"{[type(o).__name__ for o in optimizers]}: use manual optimization for several"
+        )
+    configs = []
+    for entry in schedulers:
+        config = SchedulerConfig(**entry) if isinstance(entry, Mapping) else SchedulerConfig(entry)
+        if config.interval not in ("epoch", "step") or config.frequency < 1:
+            raise ConfigurationError(
+                f"lr_scheduler interval={config.interval!r}, frequency={config.frequency!r}: "
+                "expected interval 'epoch' or 'step' and an integer frequency >= 1"
+            )
+        if config.monitor not in (None, "train_loss"):
+            raise ConfigurationError(
+                f"lr_scheduler monitor={config.monitor!r}: a client fit provides 'train_loss' only"
+            )
+        configs.append(config)
+    return optimizers[0], configs
+
+
+class ClientFitter:
+    """Fits clients of one run on one device: Fabric's precision, optimizers and clipping, or a
+    lean Trainer for objectives that need one (:func:`trainer_reason`)."""
+
+    def __init__(self, config: FitConfig) -> None:
+        self.config = config
+        self.fabric = self._fabric()
+        self.device = self.fabric.device
+
+    def _fabric(self) -> Fabric:
+        precision = self.config.precision
+        if precision == "32":
+            precision = "32-true"
+        if precision not in FABRIC_PRECISIONS:  # only its device is used
+            precision = "32-true"
+        return Fabric(accelerator=self.config.accelerator, devices=1, precision=precision)
+
+    def fit(self, model: ClientModule, dm: FederatedDataModule, job: ClientJob) -> FitResult:
+        """Client ``job.client_id``'s local fit from ``job.payload``: its upload and new state.
+
+        Seeded from ``(seed, round, client)`` so that the order in which clients are fitted never
+        changes a result. ``num_steps`` (K_i) counts optimizer steps, as Lightning's
+        ``global_step`` does: also those a ``16-mixed`` gradient scaler skipped.
+        """
+        fit_seed = derive_seed(self.config.seed, "fit", job.round_index, job.client_id)
+        seed_fit(fit_seed)
+        model.to(self.device)
+        model.begin_client(job.client_id, job.payload, job.state)
+        batches = dm.client_train_dataloader(job.client_id, fit_seed)
+        reason = trainer_reason(model, self.config.precision)
+        if self.config.fit_with == "trainer" or reason is not None:
+            num_steps = self._trainer_fit(model, batches)
+        else:
+            num_steps = self._fabric_fit(model, batches)
+        weights, extras, state = model.end_client(num_steps)
+        upload = Upload(
+            client_id=job.client_id,
+            weights=weights,
+            num_samples=dm.client_num_samples(job.client_id),
+            num_steps=num_steps,
+            extras=extras,
+            model_index=job.payload.model_index,
+            metrics=model.client_metrics(),
+        )
+        return FitResult(upload, state)
+
+    def _trainer_fit(self, model: ClientModule, batches: Iterable[Any]) -> int:
+        config = self.config
+        trainer = lean_trainer(
+            config.accelerator,
+            config.precision,
+            max_epochs=-1 if config.local_steps else config.local_epochs,
+            max_steps=config.local_steps or -1,
+            limit_val_batches=0,
+            gradient_clip_val=config.gradient_clip_val,
+            gradient_clip_algorithm=config.gradient_clip_algorithm,
+        )
+        trainer.fit(model, train_dataloaders=batches)
+        return trainer.global_step
+
+    def _fabric_fit(self, model: ClientModule, batches: Iterable[Any]) -> int:
+        """The automatic-optimization loop on Fabric: per batch ``zero_grad``, ``training_step``
+        under the precision's autocast, ``fabric.backward`` (scaled for ``16-mixed``), optional
+        clipping (on unscaled gradients), the optimizer step (skipped by the scaler on non-finite
+        gradients), then step-interval schedulers; epoch-interval schedulers after each pass."""
+        config = self.config
+        # a fresh gradient scaler per fit, as Lightning builds one per Trainer: no scaler state
+        # crosses clients, so their order cannot change a result
+        fabric = self._fabric() if config.precision == "16-mixed" else self.fabric
+        optimizer, schedulers = split_optimizers(model.configure_optimizers())
+        fabric_optimizer = fabric.setup_optimizers(optimizer)
+        model.train()
+        steps, epoch, max_steps = 0, 0, config.local_steps
+        while (max_steps is None and epoch < config.local_epochs) or (
+            max_steps is not None and steps < max_steps
+        ):
+            epoch_loss: Any = 0.0  # a tensor sum: read (a device sync) only by a monitored scheduler
+            epoch_batches = 0
+            for batch_idx, batch in enumerate(batches):
+                fabric_optimizer.zero_grad()
+                with fabric.autocast():
+                    loss = model.training_step(fabric.to_device(batch), batch_idx)
+                fabric.backward(loss)
+                self._clip(fabric, model, fabric_optimizer)
+                fabric_optimizer.step()
+                steps += 1
+                epoch_loss, epoch_batches = epoch_loss + loss.detach(), epoch_batches + 1
+                # Lightning counts step-interval frequencies by the batch index within the epoch
+                _step_schedulers(schedulers, "step", batch_idx + 1, epoch_loss / epoch_batches)
+                if steps == max_steps:
+                    break
+            if not epoch_batches:
+                break
+            epoch += 1
+            _step_schedulers(schedulers, "epoch", epoch, epoch_loss / epoch_batches)
+        return steps
+
+    def _clip(self, fabric: Fabric, model: ClientModule, optimizer: Any) -> None:
+        value = self.config.gradient_clip_val
+        if value is None:
+            return
+        if self.config.gradient_clip_algorithm == "value":
+            fabric.clip_gradients(model, optimizer, clip_val=value)
+        else:
+            fabric.clip_gradients(model, optimizer, max_norm=value, error_if_nonfinite=False)
+
+
+def _step_schedulers(
+    schedulers: Sequence[SchedulerConfig], interval: str, count: int, mean_loss: Any
+) -> None:
+    for config in schedulers:
+        if config.interval == interval and count % config.frequency == 0:
+            if config.monitor is None:
+                config.scheduler.step()
+            else:
+                config.scheduler.step(float(mean_loss))
+
+
+def fit_client(
+    model: ClientModule, dm: FederatedDataModule, job: ClientJob, config: FitConfig
+) -> FitResult:
+    """One client fit with a :class:`ClientFitter` built for it (backends keep one per run)."""
+    return ClientFitter(config).fit(model, dm, job)

@@ -1,0 +1,11 @@
+"""The federated loop (rounds) and its parts: sampling, the failure policy, evaluation,
+checkpoints and reporting, one module each."""
+
+from fedlightning.loop.checkpoint import CHECKPOINT_FORMAT, atomic_save
+from fedlightning.loop.core import PRECISIONS, FederatedLoop
+from fedlightning.loop.failures import ClientBug
+from fedlightning.loop.sampling import sample_clients
+
+__all__ = [
+    "CHECKPOINT_FORMAT", "PRECISIONS", "ClientBug", "FederatedLoop", "atomic_save", "sample_clients",
+]  # fmt: skip

@@ -1,0 +1,363 @@
+"""FederatedLoop: runs rounds; the LightningCLI ``trainer_class`` (config key ``loop``).
+
+A round: sample clients from ``(seed, round)``, ask the aggregator for their payloads, hand the
+jobs to the backend, apply the failure policy, aggregate, evaluate, report, checkpoint. The loop
+knows the payload/upload contract (:mod:`fedlightning.protocol`) and the Backend protocol, and
+nothing of what an objective optimises, how an aggregator combines or how a backend fits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.fabric import Fabric
+from lightning.pytorch.loggers import Logger
+
+from fedlightning.backends.base import Backend
+from fedlightning.backends.sequential import SequentialBackend
+from fedlightning.clients.base import ClientModule
+from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.errors import ConfigurationError, RunStopped, require
+from fedlightning.loop.checkpoint import (
+    atomic_save,
+    load_checkpoint,
+    make_checkpoint,
+    remove_stale_temporaries,
+)
+from fedlightning.loop.evaluation import Evaluator
+from fedlightning.loop.failures import check_for_bug, sort_results
+from fedlightning.loop.reporting import Reporter
+from fedlightning.loop.sampling import clients_per_round, sample_clients
+from fedlightning.protocol import ClientJob, FitConfig
+from fedlightning.server.base import Aggregator
+from fedlightning.server.fedavg import FedAvg
+from fedlightning.state import ClientStore
+from fedlightning.training import cpu_compute, quiet_lightning
+
+log = logging.getLogger("fedlightning")
+
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true")
+
+
+class FederatedLoop:
+    """Runs federated training rounds.
+
+    Each round ``r`` (0-based): sample ``clients_per_round`` clients from ``(seed, r)``; ask the
+    aggregator for their payloads; fit each client's module for ``local_epochs`` epochs (or
+    ``local_steps`` optimizer steps) on the ``backend``, seeded from ``(seed, r, client)``;
+    aggregate the successful uploads; every ``eval_every`` rounds evaluate the deployable model(s)
+    on the global test set and on every client's validation split; report; checkpoint atomically.
+
+    Args:
+        rounds: number of communication rounds R.
+        clients_per_round: clients sampled per round, an int K or a fraction of ``num_clients``.
+        local_epochs: local epochs E per client fit.
+        local_steps: if set, train exactly this many optimizer steps per fit instead of epochs.
+        aggregator: the server algorithm (default ``FedAvg()``).
+        backend: how a round's client fits run (default ``SequentialBackend()``; also
+            ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it.
+        precision: Lightning precision of every client fit and evaluation.
+        accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...).
+        devices: devices per client fit (one; several GPUs are reached through a backend).
+        seed: seeds sampling, client fits, model initialisation (CLI) and the partition.
+        eval_every: evaluate every this many rounds (and always after the last round).
+        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt`` and
+            ``global.pt`` go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
+        checkpoint_every: write ``last.ckpt`` every this many rounds (and after the last round).
+        min_clients: a round aggregates only if at least this many uploads succeed.
+        on_round_failure: ``skip`` the aggregation of a round with fewer than ``min_clients``
+            successful uploads (the server state stays as it was), or ``stop`` the run. Either
+            way, failures that are bugs stop the run (:mod:`fedlightning.loop.failures`).
+        client_state: keep per-client state in ``memory`` or on ``disk`` under
+            ``run_dir/client_state`` (bounded memory for thousands of stateful clients).
+        plots: write ``partition.png`` and ``curves.png`` to the run directory.
+        loggers: Lightning loggers besides the CSV logger (``metrics.csv``), each by
+            ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...).
+        wandb: shorthand for a W&B logger (offline unless ``WANDB_API_KEY`` is set).
+        wandb_project, wandb_group, wandb_tags, wandb_name: settings of that W&B logger.
+        progress_bar: show a rich progress bar over rounds.
+        fit_with: ``auto``: Lightning Fabric fits every objective that states its loss, a lean
+            Trainer those that need one (manual optimization, overridden training hooks);
+            ``trainer``: a Trainer for every fit.
+        gradient_clip_val: clip each client's gradients to this total norm (or value); null: off.
+        gradient_clip_algorithm: ``norm`` or ``value``.
+        num_threads: torch intra-op threads during the run (null: torch's default).
+        onednn: use oneDNN (MKL-DNN) CPU kernels during the run. Off by default: torch 2.14.1's
+            oneDNN convolution backward corrupted the heap (the process aborts) on this project's
+            CPUs; see :func:`fedlightning.training.cpu_compute`. No effect on GPU kernels.
+    """
+
+    def __init__(
+        self,
+        rounds: int = 10,
+        clients_per_round: int | float = 10,
+        local_epochs: int = 1,
+        local_steps: int | None = None,
+        aggregator: Aggregator | None = None,
+        backend: Backend | None = None,
+        precision: Literal["32-true", "32", "bf16-mixed", "16-mixed", "64-true"] = "32-true",
+        accelerator: str = "auto",
+        devices: int = 1,
+        seed: int = 0,
+        eval_every: int = 1,
+        run_dir: str | None = None,
+        checkpoint_every: int = 1,
+        min_clients: int = 1,
+        on_round_failure: Literal["skip", "stop"] = "skip",
+        client_state: Literal["memory", "disk"] = "memory",
+        plots: bool = True,
+        loggers: list[Logger] | None = None,
+        wandb: bool = False,
+        wandb_project: str = "fedlightning",
+        wandb_group: str | None = None,
+        wandb_tags: list[str] | None = None,
+        wandb_name: str | None = None,
+        progress_bar: bool = True,
+        fit_with: Literal["auto", "trainer"] = "auto",
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: Literal["norm", "value"] = "norm",
+        num_threads: int | None = None,
+        onednn: bool = False,
+    ) -> None:
+        require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
+        require(
+            clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
+            "loop.clients_per_round", clients_per_round, "an integer >= 1 or a fraction in (0, 1]",
+        )  # fmt: skip
+        require(local_epochs >= 1, "loop.local_epochs", local_epochs, "an integer >= 1")
+        require(
+            local_steps is None or local_steps >= 1,
+            "loop.local_steps", local_steps, "null or an integer >= 1",
+        )  # fmt: skip
+        require(
+            precision in PRECISIONS, "loop.precision", precision, f"one of {', '.join(PRECISIONS)}"
+        )
+        require(devices == 1, "loop.devices", devices, "1 (each client fit uses one device)")
+        require(eval_every >= 1, "loop.eval_every", eval_every, "an integer >= 1")
+        require(checkpoint_every >= 1, "loop.checkpoint_every", checkpoint_every, "an integer >= 1")
+        require(min_clients >= 1, "loop.min_clients", min_clients, "an integer >= 1")
+        require(
+            on_round_failure in ("skip", "stop"),
+            "loop.on_round_failure", on_round_failure, "'skip' or 'stop'",
+        )  # fmt: skip
+        require(
+            client_state in ("memory", "disk"), "loop.client_state", client_state, "'memory' or 'disk'"
+        )
+        require(fit_with in ("auto", "trainer"), "loop.fit_with", fit_with, "'auto' or 'trainer'")
+        require(
+            gradient_clip_val is None or gradient_clip_val > 0,
+            "loop.gradient_clip_val", gradient_clip_val, "null or a number > 0",
+        )  # fmt: skip
+        require(
+            gradient_clip_algorithm in ("norm", "value"),
+            "loop.gradient_clip_algorithm", gradient_clip_algorithm, "'norm' or 'value'",
+        )  # fmt: skip
+        require(
+            num_threads is None or num_threads >= 1,
+            "loop.num_threads", num_threads, "null or an integer >= 1",
+        )  # fmt: skip
+        require(
+            backend is None or isinstance(backend, Backend),
+            "loop.backend", backend, "a Backend (SequentialBackend, CohortBackend, RayBackend)",
+        )  # fmt: skip
+        self.rounds = rounds
+        self.clients_per_round = clients_per_round
+        self.aggregator = aggregator if aggregator is not None else FedAvg()
+        self.backend = backend if backend is not None else SequentialBackend()
+        self.fit_config = FitConfig(
+            local_epochs=local_epochs, local_steps=local_steps, precision=precision,
+            accelerator=accelerator, seed=seed, gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm, fit_with=fit_with,
+            num_threads=num_threads, onednn=onednn,
+        )  # fmt: skip
+        self.seed = seed
+        self.eval_every = eval_every
+        self.run_dir = Path(run_dir if run_dir is not None else "runs/run")
+        self.checkpoint_every = checkpoint_every
+        self.min_clients = min_clients
+        self.on_round_failure = on_round_failure
+        self.store = ClientStore(client_state, self.run_dir / "client_state")
+        self.reporter = Reporter(
+            self.run_dir, loggers or (), wandb,
+            dict(project=wandb_project, group=wandb_group, tags=wandb_tags, name=wandb_name),
+            progress_bar, plots,
+        )  # fmt: skip
+        self.history: list[dict[str, float]] = []
+
+    @property
+    def precision(self) -> str:
+        return self.fit_config.precision
+
+    @property
+    def console(self):
+        """The rich console progress and the closing line go to (``console.quiet = True`` mutes it)."""
+        return self.reporter.console
+
+    # -- public API -----------------------------------------------------------------------------
+    def fit(
+        self,
+        model: ClientModule,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: FederatedDataModule | None = None,
+        ckpt_path: str | None = None,
+    ) -> dict[str, float]:
+        """Run federated training of ``model`` on ``datamodule``; resume from ``ckpt_path`` if given.
+
+        Returns the last evaluated metrics.
+        """
+        if datamodule is None or train_dataloaders is not None or val_dataloaders is not None:
+            raise ConfigurationError("FederatedLoop.fit needs a FederatedDataModule as `datamodule`")
+        datamodule.setup("fit")
+        per_round = clients_per_round(
+            self.clients_per_round, datamodule.num_clients, self.min_clients
+        )
+        self._check_pairing(model)
+        classes = getattr(model, "num_classes", None)
+        if classes is not None and classes < datamodule.num_classes:
+            raise ConfigurationError(
+                f"model num_classes={classes} but the {datamodule.dataset!r} labels run up to "
+                f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
+            )
+        self.backend.check(model, self.fit_config)
+        with cpu_compute(self.fit_config.num_threads, self.fit_config.onednn), quiet_lightning():
+            self.backend.start(model, datamodule, self.fit_config)
+            try:
+                return self._run(model, datamodule, per_round, ckpt_path)
+            finally:
+                self.backend.stop()
+
+    # -- the rounds -----------------------------------------------------------------------------
+    def _run(
+        self, model: ClientModule, dm: FederatedDataModule, per_round: int, ckpt_path: str | None
+    ) -> dict[str, float]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.run_dir)
+        dm.save_partition(self.run_dir / "partition.csv")
+        self.reporter.plot_partition(dm)
+        initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
+        client_keys = model.client_key_sets(dm.num_clients)
+        extra = {} if client_keys is None else {"client_keys": client_keys}  # MERGE-SHIM
+        self.aggregator.setup(initial, dm.num_clients, self.seed, **extra)
+        start_round, wandb_id = 0, None
+        if ckpt_path:
+            start_round, wandb_id = self._restore(ckpt_path, dm)
+        self.reporter.open(self.history, wandb_id, dm)
+        fabric = Fabric(accelerator=self.fit_config.accelerator, devices=1, precision=_fabric_precision(self.precision))
+        evaluator = Evaluator(fabric.device, fabric.autocast)
+        metrics: dict[str, float] = self.history[-1] if self.history else {}
+        started = time.perf_counter()
+        with self.reporter.progress(self.rounds, start_round) as advance:
+            for r in range(start_round, self.rounds):
+                round_start = time.perf_counter()
+                client_ids = sample_clients(self.seed, r, dm.num_clients, per_round)
+                payloads = self.aggregator.configure_round(r, client_ids)
+                jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
+                outcome = sort_results(r, client_ids, self.backend.run(r, jobs))
+                check_for_bug(r, r == start_round, outcome)
+                for cid, result in outcome.results:
+                    self.store.put(cid, result.state)
+                uploads = outcome.uploads
+                if len(uploads) >= self.min_clients:
+                    self.aggregator.aggregate(r, uploads)
+                elif self.on_round_failure == "stop":
+                    self._stop(r, len(uploads), per_round)
+                else:
+                    log.warning(
+                        "round %d: only %d of %d clients succeeded (min_clients=%d): aggregation skipped",
+                        r + 1, len(uploads), per_round, self.min_clients,
+                    )  # fmt: skip
+                last = r == self.rounds - 1
+                if (r + 1) % self.eval_every == 0 or last:
+                    metrics = {
+                        "round": r + 1,
+                        **evaluator.evaluate(
+                            model, dm, self.aggregator.deployables(),
+                            [u.client_id for u in uploads], self.store,
+                        ),  # fmt: skip
+                        "train_loss": _mean([u.metrics.get("train_loss", math.nan) for u in uploads]),
+                        "clients_failed": len(outcome.failed),
+                        "clients_rejected": len(outcome.rejected),
+                        "round_time_s": time.perf_counter() - round_start,
+                    }
+                    self.history.append(metrics)
+                    self.reporter.log(metrics)
+                if (r + 1) % self.checkpoint_every == 0 or last:
+                    self._save_checkpoint(r + 1, dm)
+                advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
+        torch.save(self.aggregator.global_state(), self.run_dir / "global.pt")
+        self.reporter.close()
+        self.reporter.done(metrics, self.rounds, time.perf_counter() - started)
+        return metrics
+
+    def _stop(self, r: int, succeeded: int, per_round: int) -> None:
+        checkpoint = self.run_dir / "last.ckpt"
+        resume = f"; --ckpt_path {checkpoint} resumes" if checkpoint.is_file() else ""
+        raise RunStopped(
+            f"round {r + 1}: only {succeeded} of {per_round} clients succeeded "
+            f"(min_clients={self.min_clients}); stopping as on_round_failure='stop'" + resume
+        )
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _save_checkpoint(self, rounds_done: int, dm: FederatedDataModule) -> None:
+        checkpoint = make_checkpoint(
+            rounds_done, self.seed, dm.num_clients, dm.partition_hash(),
+            self.aggregator.state_dict(), self.store.state_dict(), self.history,
+            {"wandb": self.reporter.wandb_id()},
+        )  # fmt: skip
+        atomic_save(checkpoint, self.run_dir / "last.ckpt")
+        self.store.commit()
+
+    def _restore(self, ckpt_path: str, dm: FederatedDataModule) -> tuple[int, str | None]:
+        checkpoint = load_checkpoint(ckpt_path, self.seed, dm.partition_hash())
+        self.aggregator.load_state_dict(checkpoint["aggregator"])
+        self.store.load_state_dict(checkpoint["clients"])
+        self.history = list(checkpoint["history"])
+        rounds_done = int(checkpoint["round"])
+        if rounds_done >= self.rounds:
+            log.warning(
+                "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
+                rounds_done, self.rounds,
+            )  # fmt: skip
+        return rounds_done, checkpoint.get("wandb_id")
+
+    def _check_pairing(self, model: ClientModule) -> None:
+        """Refuse a client objective and aggregator that do not fit each other, or a precision
+        the objective cannot train with."""
+        model.check_precision(self.precision)
+        agg, objective = type(self.aggregator).__name__, type(model).__name__
+        missing = model.required_payload_extras - self.aggregator.payload_extras
+        if missing:
+            raise ConfigurationError(
+                f"client objective {objective} needs {sorted(missing)} from the server, which aggregator "
+                f"{agg} does not send: pair it with its own aggregator"
+            )
+        weighting = getattr(self.aggregator, "weighting", None)
+        if model.required_weighting is not None and weighting not in (None, model.required_weighting):
+            raise ConfigurationError(
+                f"client objective {objective} needs its uploads averaged with weighting="
+                f"{model.required_weighting!r}, but aggregator {agg} has weighting={weighting!r}: "
+                f"set loop.aggregator.init_args.weighting: {model.required_weighting}"
+            )
+        missing = self.aggregator.required_upload_extras - model.upload_extras
+        if missing:
+            raise ConfigurationError(
+                f"aggregator {agg} needs {sorted(missing)} in each upload, which client objective "
+                f"{objective} does not produce: pair it with its own client objective"
+            )
+
+
+def _fabric_precision(precision: str) -> str:
+    """The precision of the evaluation context (``64-true`` fits get a Trainer; evaluation of a
+    float64 model needs no autocast)."""
+    return {"32": "32-true", "64-true": "32-true"}.get(precision, precision)
+
+
+def _mean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan

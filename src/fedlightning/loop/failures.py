@@ -1,0 +1,111 @@
+"""The failure policy: which client results a round keeps, and when failures are a bug.
+
+A client that raises, or uploads non-finite values, is left out of its round and the run goes on
+(a failed client never loses the run). But failures that are bugs are not client failures: when
+every client of a round fails with the same exception type, or the first round this run trains has
+no successful client, the objective (or the data) is broken, and the run stops with the first
+traceback instead of "succeeding" at chance accuracy.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedlightning.backends.base import RoundResults
+from fedlightning.protocol import FitResult, Upload
+
+log = logging.getLogger("fedlightning")
+
+
+class ClientBug(RuntimeError):
+    """Every client of a round failed the same way (or the first round had no successful client):
+    a bug in the objective or the data, not a client failure. The CLI prints the message (which
+    holds the first traceback) and exits with status 1."""
+
+
+@dataclass
+class RoundOutcome:
+    """A round's results sorted by the policy: successful results (in sampling order), the
+    clients that raised (with their exceptions) and those whose upload was not finite."""
+
+    results: list[tuple[int, FitResult]] = field(default_factory=list)
+    failed: dict[int, BaseException] = field(default_factory=dict)
+    rejected: list[int] = field(default_factory=list)
+
+    @property
+    def uploads(self) -> list[Upload]:
+        return [result.upload for _, result in self.results]
+
+
+def sort_results(round_index: int, client_ids: list[int], results: RoundResults) -> RoundOutcome:
+    """Keep each client's result, or log why it is left out (once per distinct failure)."""
+    outcome = RoundOutcome()
+    for cid in client_ids:
+        result = results[cid]
+        if isinstance(result, BaseException):
+            outcome.failed[cid] = result
+        elif not all_finite(result.upload):
+            outcome.rejected.append(cid)
+        else:
+            outcome.results.append((cid, result))
+    for text, cids in _group_tracebacks(outcome.failed).items():
+        log.error(
+            "round %d: client(s) %s failed and are left out:\n%s",
+            round_index + 1, ", ".join(map(str, cids)), text,
+        )  # fmt: skip
+    if outcome.rejected:
+        log.warning(
+            "round %d: client(s) %s uploaded NaN/Inf values and are left out",
+            round_index + 1, ", ".join(map(str, outcome.rejected)),
+        )  # fmt: skip
+    return outcome
+
+
+def check_for_bug(round_index: int, first_round: bool, outcome: RoundOutcome) -> None:
+    """Raise :class:`ClientBug` when the round's failures say the objective or data is broken."""
+    failed = outcome.failed
+    if outcome.results:
+        return
+    first_error = next(iter(failed.values()), None)
+    same_type = bool(failed) and not outcome.rejected and len({type(e) for e in failed.values()}) == 1
+    if not (same_type or first_round):
+        return
+    if first_error is not None:
+        detail = _traceback_of(first_error)
+    else:
+        detail = "every client uploaded NaN/Inf values (a diverging loss or non-finite data)"
+    raise ClientBug(
+        f"round {round_index + 1}: no client succeeded ({len(failed)} raised, "
+        f"{len(outcome.rejected)} uploaded non-finite values); this is a bug in the client "
+        f"objective or the data, not a client failure:\n{detail}"
+    )
+
+
+def _traceback_of(error: BaseException) -> str:
+    text = getattr(error, "traceback", None)
+    return text if text else f"{type(error).__name__}: {error}"
+
+
+def _group_tracebacks(failed: dict[int, BaseException]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for cid, error in failed.items():
+        grouped.setdefault(_traceback_of(error), []).append(cid)
+    return grouped
+
+
+def all_finite(value: Any) -> bool:
+    """No NaN/Inf in any floating tensor of an upload's weights or extras (nested dicts/lists too)."""
+    if isinstance(value, Upload):
+        return all_finite(value.weights) and all_finite(value.extras)
+    if isinstance(value, torch.Tensor):
+        return not value.is_floating_point() or bool(torch.isfinite(value).all())
+    if isinstance(value, dict):
+        return all(all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(all_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)

@@ -1,0 +1,110 @@
+"""Reporting: metrics to Lightning loggers (CSV always, any others by ``class_path``, W&B by the
+``wandb`` shorthand), the progress bar, and the plots of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger, Logger
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedlightning.data.datamodule import FederatedDataModule
+
+
+class Reporter:
+    """Where a run's metrics go.
+
+    Args:
+        run_dir: the run directory (``metrics.csv`` and the plots are written there).
+        loggers: extra Lightning loggers (TensorBoard, MLflow, W&B...).
+        wandb: also log to a WandbLogger made by :func:`fedlightning.tracking.make_wandb_logger`
+            with ``wandb_settings`` (offline without an API key; resumed runs continue their run).
+        progress_bar: show a rich progress bar over rounds.
+        plots: write ``partition.png`` at start and ``curves.png`` at the end.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        loggers: Sequence[Logger] = (),
+        wandb: bool = False,
+        wandb_settings: dict[str, Any] | None = None,
+        progress_bar: bool = True,
+        plots: bool = True,
+    ) -> None:
+        self.run_dir = run_dir
+        self.extra_loggers = list(loggers)
+        self.wandb = wandb
+        self.wandb_settings = wandb_settings or {}
+        self.progress_bar = progress_bar
+        self.plots = plots
+        self.loggers: list[Logger] = []
+        self.console = Console(stderr=True)
+
+    def plot_partition(self, dm: FederatedDataModule) -> None:
+        if self.plots:
+            from fedlightning.analysis.plots import plot_partition
+
+            plot_partition(
+                dm.partition_table(), self.run_dir / "partition.png", title=f"{dm.dataset} partition"
+            )
+
+    def open(self, history: Sequence[dict[str, float]], wandb_id: str | None, dm: FederatedDataModule) -> None:
+        """Open the loggers; a resumed run first rewrites the rows up to its checkpoint to CSV."""
+        csv = CSVLogger(save_dir=str(self.run_dir), name="", version="")
+        for row in history:
+            csv.log_metrics(row, step=int(row["round"]))
+        self.loggers = [csv, *self.extra_loggers]
+        if self.wandb:
+            from fedlightning.tracking import log_run_description, make_wandb_logger
+
+            logger = make_wandb_logger(self.run_dir, wandb_id, **self.wandb_settings)
+            if wandb_id is None:  # a resumed W&B run already has them
+                log_run_description(logger, self.run_dir / "config.yaml", dm.partition_table())
+            self.loggers.append(logger)
+        for logger in self.loggers:
+            logger.save()
+
+    def log(self, metrics: dict[str, float]) -> None:
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=int(metrics["round"]))
+            logger.save()
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.finalize("success")
+            if type(logger).__name__ == "WandbLogger":
+                logger.experiment.finish()  # flush and close the W&B run (WandbLogger leaves it open)
+        if self.plots and (self.run_dir / "metrics.csv").is_file():
+            from fedlightning.analysis.plots import plot_curves
+
+            plot_curves(self.run_dir)
+
+    def wandb_id(self) -> str | None:
+        """The W&B run id (stored in checkpoints so a resumed run continues the same W&B run)."""
+        for logger in self.loggers:
+            if type(logger).__name__ == "WandbLogger":
+                return logger.version
+        return None
+
+    @contextmanager
+    def progress(self, total: int, start: int) -> Iterator[Any]:
+        """A progress bar over rounds; yields ``advance(description)``."""
+        progress = Progress(
+            TextColumn("[bold]rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), console=self.console, disable=not self.progress_bar,
+        )  # fmt: skip
+        with progress:
+            task = progress.add_task("", total=total, completed=start)
+            yield lambda description: progress.update(task, advance=1, description=description)
+
+    def done(self, metrics: dict[str, float], rounds: int, elapsed: float) -> None:
+        if "test_acc" in metrics:
+            self.console.print(
+                f"[bold]done[/]: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}, "
+                f"{elapsed:.1f} s; run directory {self.run_dir}"
+            )

@@ -1,0 +1,31 @@
+"""The ``>>>`` examples in the docstrings of the pure modules run as tests.
+
+An explicit list rather than pytest's ``--doctest-modules`` over ``src/fedlightning``, which would
+import every module (Ray, the CoFED tasks, the CLI) just to collect examples.
+"""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "fedlightning.server.functional",
+    "fedlightning.clients.fednova",
+    "fedlightning.data.partition",
+    "fedlightning.seeding",
+    "fedlightning.server.fedcross",
+    "fedlightning.server.inco",
+    "fedlightning.cofed.voting",
+    "fedlightning.cofed.participants",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(
+        module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False
+    )
+    assert result.attempted > 0, f"{name} has no docstring examples"
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples of {name} failed"

@@ -1,0 +1,160 @@
+"""The plug-in contract, over every exported objective (``clients.__all__``) and aggregator
+(``server.__all__``): a new plug-in is covered here without editing a test.
+
+Each plug-in is paired with the first registered partner that fits it (the loop's own pairing
+rules), then: one round on tiny data; the aggregator's ``state_dict`` round-trips; 1 round + resume
+equals 2 rounds straight, bitwise; heterogeneous clients (``networks``) either train or are refused
+with a ConfigurationError before anything is written; the cohort backend either equals the
+sequential one up to float rounding or refuses with a ConfigurationError.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from fedlightning import FederatedDataModule, FederatedLoop, clients, server
+from fedlightning.backends import CohortBackend
+from fedlightning.errors import ConfigurationError
+
+#: a tiny ResNet, so that every rule (InCo's ResNet layer pairs, MOON's features) applies
+NETWORK = dict(network="resnet14", network_kwargs={"width": 4, "stem": "small"}, num_classes=3,
+               in_channels=1, image_size=8, lr=0.05)  # fmt: skip
+OBJECTIVES = [getattr(clients, n) for n in clients.__all__]
+AGGREGATORS = [
+    getattr(server, n) for n in server.__all__ if not inspect.isabstract(getattr(server, n))
+]
+
+
+def _objective(cls, **kwargs):
+    return cls(**{**NETWORK, **kwargs})
+
+
+def _aggregator(cls, objective_cls):
+    """``cls()`` adapted to the objective's weighting rule, or None if the two do not pair."""
+    aggregator = cls()
+    required = objective_cls.required_weighting
+    if required is not None and getattr(aggregator, "weighting", required) != required:
+        aggregator = cls(weighting=required)
+    fits = objective_cls.required_payload_extras <= aggregator.payload_extras and (
+        aggregator.required_upload_extras <= objective_cls.upload_extras
+    )
+    return aggregator if fits else None
+
+
+def _partner_aggregator(objective_cls):
+    for cls in AGGREGATORS:
+        aggregator = _aggregator(cls, objective_cls)
+        if aggregator is not None:
+            return aggregator
+    raise AssertionError(f"no registered aggregator pairs with {objective_cls.__name__}")
+
+
+def _partner_objective(aggregator_cls):
+    for cls in OBJECTIVES:
+        aggregator = _aggregator(aggregator_cls, cls)
+        if aggregator is not None:
+            return cls, aggregator
+    raise AssertionError(f"no registered objective pairs with {aggregator_cls.__name__}")
+
+
+def _data(**kwargs):
+    return FederatedDataModule(
+        dataset="synthetic", num_samples=160, num_test=40, num_classes=3, sample_shape=(1, 8, 8),
+        num_clients=4, partition="iid", batch_size=16, seed=0, **kwargs,
+    )  # fmt: skip
+
+
+def _run(objective, aggregator, run_dir, rounds, ckpt_path=None, **loop_kwargs):
+    loop = FederatedLoop(
+        rounds=rounds, clients_per_round=2, aggregator=aggregator, run_dir=str(run_dir),
+        progress_bar=False, plots=False, **loop_kwargs,
+    )  # fmt: skip
+    loop.fit(objective, datamodule=_data(), ckpt_path=ckpt_path)
+    return loop
+
+
+def _bitwise(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_bitwise(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_bitwise(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    return a == b
+
+
+def _pairs():
+    seen = set()
+    for cls in OBJECTIVES:
+        pair = (cls, type(_partner_aggregator(cls)))
+        seen.add(pair)
+        yield pytest.param(cls, lambda c=cls: _partner_aggregator(c), id=f"{cls.__name__}")
+    for agg_cls in AGGREGATORS:
+        objective_cls, _ = _partner_objective(agg_cls)
+        if (objective_cls, agg_cls) not in seen:
+            yield pytest.param(
+                objective_cls, lambda a=agg_cls, o=objective_cls: _aggregator(a, o), id=agg_cls.__name__
+            )
+
+
+@pytest.mark.parametrize(("objective_cls", "make_aggregator"), list(_pairs()))
+def test_round_state_dict_and_resume(objective_cls, make_aggregator, tmp_path):
+    torch.manual_seed(0)
+    straight = _run(_objective(objective_cls), make_aggregator(), tmp_path / "straight", 2)
+    assert straight.history[-1]["clients_failed"] == 0
+    assert all(torch.isfinite(v).all() for v in straight.aggregator.global_state().values()
+               if v.is_floating_point())  # fmt: skip
+    clone = make_aggregator()
+    clone.load_state_dict(straight.aggregator.state_dict())
+    assert _bitwise(clone.state_dict(), straight.aggregator.state_dict())
+    torch.manual_seed(0)
+    _run(_objective(objective_cls), make_aggregator(), tmp_path / "resumed", 1)
+    torch.manual_seed(0)
+    resumed = _run(
+        _objective(objective_cls), make_aggregator(), tmp_path / "resumed", 2,
+        ckpt_path=str(tmp_path / "resumed" / "last.ckpt"),
+    )  # fmt: skip
+    assert _bitwise(resumed.aggregator.state_dict(), straight.aggregator.state_dict())
+    assert _bitwise(resumed.store.state_dict(), straight.store.state_dict())
+
+
+@pytest.mark.parametrize("objective_cls", OBJECTIVES, ids=lambda c: c.__name__)
+def test_every_objective_runs_heterogeneously_or_is_refused(objective_cls, tmp_path):
+    torch.manual_seed(0)
+    objective = _objective(objective_cls, networks=["resnet14", "resnet18"])
+    loop = _run(objective, _partner_aggregator(objective_cls), tmp_path, 1)
+    assert {"resnet14/test_acc", "resnet18/test_acc", "group_mean_acc"} <= set(loop.history[-1])
+    assert loop.history[-1]["clients_failed"] == 0
+
+
+@pytest.mark.parametrize("aggregator_cls", AGGREGATORS, ids=lambda c: c.__name__)
+def test_every_aggregator_serves_heterogeneous_clients_or_refuses_them(aggregator_cls, tmp_path):
+    objective_cls, aggregator = _partner_objective(aggregator_cls)
+    objective = _objective(objective_cls, networks=["resnet14", "resnet18"])
+    torch.manual_seed(0)
+    try:
+        loop = _run(objective, aggregator, tmp_path / "run", 1)
+    except ConfigurationError as refusal:
+        assert "loop.aggregator" in str(refusal) or aggregator_cls.__name__ in str(refusal)
+        assert not (tmp_path / "run" / "last.ckpt").exists()
+        return
+    assert loop.history[-1]["clients_failed"] == 0
+
+
+@pytest.mark.parametrize("objective_cls", OBJECTIVES, ids=lambda c: c.__name__)
+def test_the_cohort_backend_equals_sequential_or_refuses(objective_cls, tmp_path):
+    mlp = dict(network="mlp", network_kwargs={"hidden": [16]})
+    results = {}
+    for backend in (None, CohortBackend()):
+        torch.manual_seed(0)
+        objective = _objective(objective_cls, **mlp)
+        try:
+            loop = _run(objective, _partner_aggregator(objective_cls), tmp_path / str(backend), 2,
+                        backend=backend)  # fmt: skip
+        except ConfigurationError as refusal:
+            assert backend is not None and "CohortBackend cannot train" in str(refusal)
+            return
+        results[backend is None] = loop.aggregator.global_state()
+    for key, value in results[True].items():
+        torch.testing.assert_close(results[False][key], value, rtol=1e-4, atol=1e-5)
