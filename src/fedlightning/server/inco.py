@@ -1,11 +1,11 @@
 """InCo Aggregation: Chan et al., "Internal Cross-layer Gradients for Extending Homogeneity to
 Heterogeneity in Federated Learning", ICLR 2024, arXiv:2308.11464 (section 3, Theorem 3.1; the
-``official`` variant follows the authors' released code). ALGORITHMS.md 2.4.
+``official`` variant follows the authors' released code). docs/algorithms.md section 2.4.
 
 The server update of a deep layer k is mixed with the update of the first layer of its stage
-(``layer 0``), whose update is more homogeneous across clients and architectures. Works on top of
-any aggregator that yields a server state per round (HeteroAvg, its SCAFFOLD and FedNova variants):
-any client objective becomes InCo<Method>.
+(``layer 0``), whose update is more homogeneous across clients and architectures. :class:`InCo`
+wraps any aggregator with one global model (FedAvg, Scaffold, FedNova, FedAvgM, FedAdam), so any
+client objective becomes InCo<Method>.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.protocol import StateDict, Upload
-from fedlightning.server.base import ClientKeys
-from fedlightning.server.heteroavg import HeteroAvg, HeteroNova, HeteroScaffold
+from fedlightning.protocol import Payload, StateDict, Upload
+from fedlightning.server.base import Aggregator, ClientKeys
+from fedlightning.server.fedavg import FedAvg
 
 VARIANTS = ("official", "paper", "exact")
 #: the official code's bounds: c = clamp(|theta|, 0, C_MAX), g_new clipped to [-CLIP, CLIP]
@@ -138,7 +138,7 @@ def cross_layer_update(
     - ``optimize=False``: ``c = 1`` (``normalize=False`` too: ``g_k + g_0``, the paper's "w/o N & O").
 
     ``normalize=None`` (default) takes each variant's own form: normalised for ``official`` and
-    ``paper``, the plain projection for ``exact``. Decision (ALGORITHMS.md 2.4 lists ``exact``
+    ``paper``, the plain projection for ``exact``. Decision (docs/algorithms.md section 2.4 lists ``exact``
     beside the normalised update, but names it "Theorem 3.1 as stated", whose update is the
     projection): ``exact`` means the theorem; ``exact`` with ``normalize=True`` is the normalised
     update with the theorem's coefficient, which is *not* a projection: ``<g_new, g_0>`` is
@@ -208,12 +208,25 @@ def inco_apply(
     return out
 
 
-class InCoMixin:
-    """Put in front of an aggregator with a ``server_update(uploads)`` (HeteroAvg and subclasses):
-    the paired deep layers' aggregated updates go through :func:`cross_layer_update`; every other
-    key keeps the plain aggregated update.
+class InCo(Aggregator):
+    """InCo<Method>: the ``inner`` aggregator's round, then InCo's cross-layer updates of the
+    paired deep layers (docs/algorithms.md section 2.4).
+
+    After ``inner.aggregate``, with ``g = w_new - w_old`` the inner's server update, each paired
+    deep layer k becomes ``w_old_k + cross_layer_update(g_k, g_0)`` (:func:`inco_apply`; a pair is
+    skipped in a round where no sampled client owns its deep layer or its layer 0); every other key
+    keeps the inner's update, and the inner's own state (SCAFFOLD's ``c``, a server optimizer's
+    moments) is the inner's. Everything else (payloads, state, deployables, extras, weighting) is
+    the inner's.
+
+    InCoAvg is ``InCo()`` (inner ``FedAvg(weighting="uniform")``, the paper's mean over owners),
+    InCoScaffold ``InCo(inner=Scaffold())``, InCoNova ``InCo(inner=FedNova())``; InCoProx and
+    InCoMOON pair ``InCo()`` with those client objectives. In YAML:
+    ``inner: {class_path: fedlightning.server.Scaffold}``.
 
     Args:
+        inner: the wrapped aggregator, one with a single global model (a FedAvg subclass without
+            ``within_groups``); ``null``: ``FedAvg(weighting="uniform")``.
         variant: ``official`` (default: the authors' code, which produced their tables), ``paper``
             or ``exact`` (Theorem 3.1's projection); see :func:`cross_layer_update`.
         normalize: ``null`` (default): the variant's own form (normalised for ``official`` and
@@ -227,14 +240,21 @@ class InCoMixin:
 
     def __init__(
         self,
+        inner: Aggregator | None = None,
         variant: Literal["official", "paper", "exact"] = "official",
         normalize: bool | None = None,
         optimize: bool = True,
         pair_rule: str = "auto",
         pairs: list[list[str]] | None = None,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        inner = FedAvg(weighting="uniform") if inner is None else inner
+        require(
+            isinstance(inner, FedAvg) and not inner.within_groups,
+            "loop.aggregator.init_args.inner",
+            type(inner).__name__,
+            "an aggregator with one global model (FedAvg, Scaffold, FedNova, FedAvgM, FedAdam; "
+            "not within_groups)",
+        )
         require(variant in VARIANTS, "aggregator.variant", variant, f"one of {', '.join(VARIANTS)}")
         require(
             pair_rule == "auto" or pair_rule in PAIR_RULES,
@@ -242,12 +262,26 @@ class InCoMixin:
             pair_rule,
             f"'auto' or one of {', '.join(sorted(PAIR_RULES))}",
         )
+        self.inner: FedAvg = inner  # type: ignore[assignment]
         self.variant = variant
         self.normalize = normalize
         self.optimize = optimize
         self.pair_rule = pair_rule
         self.explicit_pairs = pairs
         self.pairs: list[tuple[str, str]] = []
+
+    # the loop reads these from the instance: they are the inner aggregator's
+    @property
+    def payload_extras(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.payload_extras
+
+    @property
+    def required_upload_extras(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.required_upload_extras
+
+    @property
+    def weighting(self) -> str:
+        return self.inner.weighting
 
     def setup(
         self,
@@ -256,7 +290,7 @@ class InCoMixin:
         seed: int = 0,
         client_keys: Sequence[ClientKeys] | None = None,
     ) -> None:
-        super().setup(initial, num_clients, seed, client_keys)
+        self.inner.setup(initial, num_clients, seed, client_keys)
         self.pairs = inco_pairs(initial, self.pair_rule, self.explicit_pairs)
         if not self.pairs:
             raise ConfigurationError(
@@ -264,25 +298,25 @@ class InCoMixin:
                 "ResNet stages or ViT blocks, a registered rule, or explicit aggregator.pairs"
             )
 
-    def server_update(self, uploads: Sequence[Upload]) -> StateDict:
-        new = super().server_update(uploads)
+    def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
+        return self.inner.configure_round(round_index, client_ids)
+
+    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
+        inner, old = self.inner, self.inner.weights
+        inner.aggregate(round_index, uploads)
         updated = {k for u in uploads for k in u.weights}
-        return inco_apply(
-            self.weights, new, self.pairs, updated, self.variant, self.normalize, self.optimize
+        inner.weights = inco_apply(
+            old, inner.weights, self.pairs, updated, self.variant, self.normalize, self.optimize
         )
 
+    def global_state(self) -> StateDict:
+        return self.inner.global_state()
 
-class InCo(InCoMixin, HeteroAvg):
-    """InCoAvg: HeteroAvg's layer-wise mean over owners, then InCo's cross-layer updates of the
-    paired deep layers (ALGORITHMS.md 2.4). Client objectives: ``HeteroClientModule`` (InCoAvg),
-    ``HeteroFedProx`` (InCoProx), or any homogeneous ClientModule. See :class:`InCoMixin`."""
+    def deployables(self) -> dict[str, StateDict]:
+        return self.inner.deployables()
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
 
-class InCoScaffold(InCoMixin, HeteroScaffold):
-    """InCoScaffold: :class:`~fedlightning.server.heteroavg.HeteroScaffold`'s update through InCo.
-    Pair with ``HeteroScaffoldClient``. See :class:`InCoMixin`."""
-
-
-class InCoNova(InCoMixin, HeteroNova):
-    """InCoNova: :class:`~fedlightning.server.heteroavg.HeteroNova`'s update through InCo.
-    Pair with ``HeteroFedNovaClient``. See :class:`InCoMixin`."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
