@@ -96,14 +96,15 @@ class FedAvg(Aggregator):
         client_keys: Sequence[ClientKeys] | None = None,
     ) -> None:
         if self.within_groups and client_keys is not None:
+            groups = group_keys(client_keys)
             initial = {
-                _join(group, k): initial[k]
-                for group, keys in group_keys(client_keys).items()
-                for k in keys
+                _join(g, k): v
+                for g, keys in groups.items()
+                for k, v in initial.items()
+                if k in keys
             }
-            client_keys = [
-                ClientKeys(g, frozenset(_join(g, k) for k in keys)) for g, keys in client_keys
-            ]
+            owned = {g: frozenset(_join(g, k) for k in keys) for g, keys in groups.items()}
+            client_keys = [ClientKeys(g, owned[g]) for g, _ in client_keys]
         super().setup(initial, num_clients, seed, client_keys)
         if self.aggregation != "mean" and self.is_heterogeneous():
             raise ConfigurationError(

@@ -88,7 +88,8 @@ def similarity_matrix(
 def select_collaborators(
     similarity: Tensor, round: int, strategy: Selection = "lowest_similarity"
 ) -> list[int]:
-    """The collaborator ``co(i) != i`` of each of the K trained models (docs/algorithms.md section 2.2 step 3).
+    """The collaborator ``co(i) != i`` of each of the K trained models (docs/algorithms.md
+    section 2.2 step 3).
 
     ``in_order``: ``co(i) = (i + (round mod (K-1)) + 1) mod K`` (the similarity values are not used,
     only K), so over K-1 consecutive rounds every other model is i's collaborator exactly once.
@@ -181,8 +182,8 @@ class FedCross(Aggregator):
     with ``co(i)`` from :func:`select_collaborators` on :func:`similarity_matrix` of the trained
     models and ``p1, p2`` from :func:`propeller_collaborators`. ``alpha_r = alpha`` except in the
     dynamic-alpha rounds ``[a, b)``, where ``alpha_r = min(alpha, alpha_start + (r - a) *
-    alpha_step)`` (the ramp starts where its range starts; with ``a = 0`` this is docs/algorithms.md's
-    ``alpha_start + r * alpha_step``). The deployable global model is the uniform mean of the K
+    alpha_step)`` (the ramp starts where its range starts; with ``a = 0`` this is
+    docs/algorithms.md's ``alpha_start + r * alpha_step``). The deployable global model is the uniform mean of the K
     middleware models; it never trains. Rounds ``r < first_stage_bound`` are a FedAvg warm-up: the
     uploads' sample-weighted mean (as the authors' code) replaces every middleware model.
 
