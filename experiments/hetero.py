@@ -10,9 +10,11 @@ round, Adam lr 1e-3 (the paper's ResNet optimizer), batch 32, several seeds (the
 partition, the initial model and the client sampling: for one seed every method sees the same
 federation). Methods:
   FedAvg-groups  each group federates only with itself (uniform mean within the group): the
-                 baseline without any sharing across architectures
-  HeteroAvg      per-key mean over the sampled owners (ALGORITHMS.md 2.3)
-  InCo-official  HeteroAvg + InCo's cross-layer updates, the authors' code (ALGORITHMS.md 2.4)
+                 baseline without any sharing across architectures, FedAvg(within_groups=True)
+  HeteroAvg      per-key mean over the sampled owners: FedAvg(weighting="uniform")
+                 (docs/algorithms.md section 2.3)
+  InCo-official  HeteroAvg + InCo's cross-layer updates, the authors' code (docs/algorithms.md
+                 section 2.4)
   InCo-exact     HeteroAvg + Theorem 3.1's coefficient (c = -theta when b < 0), normalised
 
 Reported after the last round (mean +- std over seeds, %): each group's model with the server's
@@ -29,52 +31,21 @@ import logging
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 
 from fedlightning import FederatedDataModule, FederatedLoop
-from fedlightning.clients import HeteroClientModule
-from fedlightning.protocol import Payload, StateDict, Upload
-from fedlightning.server import HeteroAvg, InCo
-from fedlightning.server.base import ClientKeys
-from fedlightning.server.heteroavg import hetero_average
+from fedlightning.clients import ClientModule
+from fedlightning.server import Aggregator, FedAvg, InCo
 
 GROUPS = ["resnet10", "resnet14", "resnet18", "resnet22", "resnet26"]
 
-
-class WithinGroups(HeteroAvg):
-    """The no-sharing baseline: one model per group, each the uniform mean of its own clients."""
-
-    def setup(
-        self,
-        initial: StateDict,
-        num_clients: int,
-        seed: int = 0,
-        client_keys: Sequence[ClientKeys] | None = None,
-    ) -> None:
-        super().setup(initial, num_clients, seed, client_keys)
-        self.models = {g: {k: initial[k].clone() for k in keys} for g, keys in client_keys}
-
-    def payload(self, client_id: int) -> Payload:
-        return Payload(self.models[self.client_keys[client_id].group])
-
-    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
-        for group, model in self.models.items():
-            mine = [u.weights for u in uploads if self.client_keys[u.client_id].group == group]
-            if mine:
-                self.models[group] = hetero_average(model, mine)
-        self.weights = max(self.models.values(), key=len)
-
-    def deployables(self) -> dict[str, StateDict]:
-        return {"global": self.weights, **self.models}
-
-
-METHODS: dict[str, Callable[[], HeteroAvg]] = {
-    "FedAvg-groups": WithinGroups,
-    "HeteroAvg": HeteroAvg,
+METHODS: dict[str, Callable[[], Aggregator]] = {
+    "FedAvg-groups": lambda: FedAvg(weighting="uniform", within_groups=True),
+    "HeteroAvg": lambda: FedAvg(weighting="uniform"),
     "InCo-official": lambda: InCo(variant="official"),
     "InCo-exact": lambda: InCo(variant="exact"),
 }
@@ -82,7 +53,7 @@ METHODS: dict[str, Callable[[], HeteroAvg]] = {
 
 def run(method: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
     seed_everything(seed, verbose=False)  # the initial models, as the CLI does with loop.seed
-    model = HeteroClientModule(
+    model = ClientModule(
         networks=GROUPS,
         network_kwargs={"width": args.width, "stem": "small"},
         num_classes=10,

@@ -40,13 +40,14 @@ CASES = [
     (["--model", "fedlightning.clients.FML"], r"FML needs its uploads averaged with weighting='uniform'.*FedAvg has weighting='samples'"),
     (["--model", "fedlightning.clients.ScaffoldClient", AGG, "fedlightning.server.Scaffold",
       "--loop.precision", "16-mixed"], r"precision='16-mixed' is not supported by ScaffoldClient"),
-    (["--model", "fedlightning.clients.HeteroClientModule", "--model.networks", "[resnet10, vit_s8]",
-      "--model.network_kwargs", "{width: 4}", AGG, "fedlightning.server.HeteroAvg"],
+    (["--model", "fedlightning.clients.ClientModule", "--model.networks", "[resnet10, vit_s8]",
+      "--model.network_kwargs", "{width: 4}", AGG, "fedlightning.server.FedAvg"],
      r"model 'vit_s8' does not take \['width'\] in network_kwargs: its options are \[.*'embed_dim'"),
-    (["--model", "fedlightning.clients.HeteroClientModule", "--model.networks", "[resnet10, vit_s8]",
-      "--model.network_kwargs", "{}", AGG, "fedlightning.server.HeteroAvg"], r"model.networks=\['resnet10', 'vit_s8'\].*must nest"),
-    (["--model", "fedlightning.clients.HeteroClientModule", "--model.networks", "[resnet10, resnet18]",
-      "--model.network_kwargs", "{width: 4}"], r"loop.aggregator='FedAvg' is not allowed"),
+    (["--model", "fedlightning.clients.ClientModule", "--model.networks", "[resnet10, vit_s8]",
+      "--model.network_kwargs", "{}", AGG, "fedlightning.server.FedAvg"], r"model.networks=\['resnet10', 'vit_s8'\].*must nest"),
+    ([AGG, "fedlightning.server.FedAvgM", f"{AGG}.server_momentum", "1.0"], r"server_momentum=1.0 .*\[0, 1\)"),
+    ([AGG, "fedlightning.server.FedAdam", f"{AGG}.tau", "0"], r"tau=0.0 .*> 0"),
+    ([AGG, "fedlightning.server.InCo", f"{AGG}.inner", "fedlightning.server.FedCross"], r"inner='FedCross' .*one global model"),
 ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from fedlightning.clients import FedProx
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Upload
 from fedlightning.server import FedCross
+from fedlightning.server.base import ClientKeys
 from fedlightning.server.fedcross import (
     cross_mix,
     dynamic_alpha,
@@ -325,6 +326,19 @@ def test_state_round_trips_and_a_mismatched_k_is_refused():
         )
     with pytest.raises(ConfigurationError, match="resume with the same num_models"):
         FedCross(num_models=4).load_state_dict(agg.state_dict())
+
+
+def test_heterogeneous_client_groups_are_refused_and_one_group_is_fine():
+    server = _model([[0.0, 0.0]])
+    whole, head = frozenset(server), frozenset({"fc.weight", "fc.bias"})
+    with pytest.raises(ConfigurationError, match="FedCross's middleware models are whole models"):
+        FedCross().setup(server, 2, client_keys=[ClientKeys("a", head), ClientKeys("b", whole)])
+    agg = FedCross(alpha=0.5)
+    agg.setup(server, 2, client_keys=[ClientKeys("net", whole)] * 2)
+    agg.configure_round(0, [0, 1])
+    agg.aggregate(0, _uploads([_model([[1.0, 0.0]]), _model([[3.0, 0.0]])], agg))
+    assert set(agg.deployables()) == {"global", "net"}
+    assert agg.global_state()["fc.weight"].tolist() == [[2.0, 0.0]]
 
 
 # -- end to end -------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from fedlightning.clients import ClientModule, FedNovaClient
 from fedlightning.clients.fednova import fednova_a
 from fedlightning.errors import ConfigurationError
 from fedlightning.server import FedNova
+from fedlightning.server.base import ClientKeys
 from fedlightning.server.fednova import fednova_aggregate
 from objective_helpers import SYNTHETIC, synthetic_run
 
@@ -88,6 +89,35 @@ def test_unequal_a_differs_from_fedavg_and_integer_buffers_come_from_the_first_c
     avg.aggregate(0, _uploads())
     assert not torch.allclose(nova.global_state()["w"], avg.global_state()["w"])
     assert nova.global_state()["n"].item() == 0
+
+
+def test_normalised_averaging_per_key_over_its_owners():
+    server = {"shared": torch.tensor([0.0, 0.0]), "deep": torch.tensor([1.0])}
+    keys = [ClientKeys("small", frozenset({"shared"})), ClientKeys("big", frozenset(server))]
+    nova = FedNova(weighting="uniform")
+    nova.setup(server, 2, client_keys=keys)
+    small = {"shared": torch.tensor([1.0, 2.0])}
+    big = {"shared": torch.tensor([3.0, -6.0]), "deep": torch.tensor([4.0])}
+    nova.aggregate(0, [Upload(0, small, 1, 1, {"a": 1.0}), Upload(1, big, 1, 3, {"a": 3.0})])
+    # shared: both own it, as test_normalised_averaging_on_hand_made_numbers: (2, 0)
+    assert torch.allclose(nova.global_state()["shared"], torch.tensor([2.0, 0.0]))
+    # deep: only big owns it: tau_eff = a = 3, x - 3 * (x - x_big) / 3 = x_big
+    assert nova.global_state()["deep"].tolist() == [4.0]
+
+
+@pytest.mark.parametrize("weighting", ["samples", "uniform"])
+def test_one_group_is_todays_homogeneous_fednova_bitwise(weighting):
+    initial = {"w": torch.zeros(50, 20), "b": torch.zeros(20), "n": torch.tensor(0)}
+    uploads = _uploads(a=[2.0, 5.0, 9.0])
+    expected = fednova_aggregate(
+        initial, [u.weights for u in uploads], [2.0, 5.0, 9.0],
+        [float(u.num_samples) if weighting == "samples" else 1.0 for u in uploads],
+    )  # fmt: skip
+    for client_keys in (None, [ClientKeys("all", frozenset(initial))] * 3):
+        nova = FedNova(weighting)
+        nova.setup(initial, 3, client_keys=client_keys)
+        nova.aggregate(0, uploads)
+        assert all(torch.equal(nova.global_state()[k], v) for k, v in expected.items())
 
 
 def test_fednova_client_and_server_with_equal_steps_and_no_momentum_equal_fedavg(tmp_path):

@@ -1,17 +1,16 @@
 """Heterogeneous clients: the ResNet10..26 and ViT-S/8..12 families, client groups and their
-sub-state_dict dispatch, and HeteroAvg's layer-wise mean (ALGORITHMS.md 2.3)."""
+sub-state_dict dispatch, and FedAvg's layer-wise mean over owners (docs/algorithms.md section 2.3)."""
 
 import pytest
 import torch
-from fedlightning.clients.hetero import assign_groups, check_nested
+from fedlightning.clients.groups import assign_groups, check_nested
 
-from fedlightning.clients import HeteroClientModule
+from fedlightning.clients import ClientModule
 from fedlightning.errors import ConfigurationError
 from fedlightning.models import create_model
 from fedlightning.protocol import Upload
-from fedlightning.server import FedAvg, HeteroAvg
+from fedlightning.server import FedAvg
 from fedlightning.server.base import ClientKeys
-from fedlightning.server.heteroavg import hetero_average
 
 RESNETS = ["resnet10", "resnet14", "resnet18", "resnet22", "resnet26"]
 VITS = ["vit_s8", "vit_s9", "vit_s10", "vit_s11", "vit_s12"]
@@ -87,7 +86,7 @@ def test_vit_pretrained_path_copies_the_first_blocks(tmp_path):
     ("networks", "kwargs"), [(RESNETS[::-1], {"width": 4}), (["vit_s12", "vit_s8"], NARROW_VIT)]
 )
 def test_groups_smallest_first_and_dispatch_by_key_set(networks, kwargs):
-    model = HeteroClientModule(
+    model = ClientModule(
         networks=networks, network_kwargs=kwargs, num_classes=10, image_size=8
     )
     assert model.groups == networks[::-1]
@@ -107,7 +106,7 @@ def test_groups_smallest_first_and_dispatch_by_key_set(networks, kwargs):
 
 def test_architectures_that_do_not_nest_are_refused():
     with pytest.raises(ConfigurationError, match="must nest"):
-        HeteroClientModule(
+        ClientModule(
             networks=["resnet10", "mlp"], network_kwargs={}, num_classes=10, image_size=8
         )
     a = {"w": torch.zeros(2, 3)}
@@ -126,43 +125,22 @@ def _resnet_states(n, seed=0):
     return [create_model("resnet14", 10, 1, 8, width=4).state_dict() for _ in range(n)]
 
 
-def test_one_group_heteroavg_is_uniform_fedavg_bitwise():
+def test_one_group_of_resnets_is_fedavg_without_groups_bitwise():
     server, *clients = _resnet_states(4)
     uploads = [Upload(i, s, num_samples=10 * (i + 1), num_steps=1) for i, s in enumerate(clients)]
-    fedavg, hetero = FedAvg(weighting="uniform"), HeteroAvg()
-    keys = frozenset(server)
-    fedavg.setup(server, 3)
-    hetero.setup(server, 3, client_keys=[ClientKeys("resnet14", keys)] * 3)
-    fedavg.aggregate(0, uploads)
-    hetero.aggregate(0, uploads)
-    assert hetero.global_state().keys() == fedavg.global_state().keys()
-    assert all(torch.equal(hetero.global_state()[k], v) for k, v in fedavg.global_state().items())
+    plain, grouped = FedAvg(weighting="uniform"), FedAvg(weighting="uniform")
+    plain.setup(server, 3)
+    grouped.setup(server, 3, client_keys=[ClientKeys("resnet14", frozenset(server))] * 3)
+    plain.aggregate(0, uploads)
+    grouped.aggregate(0, uploads)
+    assert grouped.global_state().keys() == plain.global_state().keys()
+    assert all(torch.equal(grouped.global_state()[k], v) for k, v in plain.global_state().items())
 
 
-def test_heteroavg_means_over_owners_and_keeps_unowned_keys():
-    server = {
-        "a": torch.tensor([1.0, 1.0]),
-        "b": torch.tensor([0.0]),
-        "c": torch.tensor([5.0]),
-        "bn.running_var": torch.tensor([0.1]),
-    }
-    small = {"a": torch.tensor([3.0, 1.0]), "bn.running_var": torch.tensor([-0.5])}
-    big = {
-        "a": torch.tensor([5.0, 3.0]),
-        "b": torch.tensor([4.0]),
-        "bn.running_var": torch.tensor([0.2]),
-    }
-    out = hetero_average(server, [small, big])
-    assert out["a"].tolist() == [4.0, 2.0]  # 1 + mean(2, 4), 1 + mean(0, 2)
-    assert out["b"].tolist() == [4.0]  # only the big client owns b
-    assert out["c"] is server["c"]  # nobody owns c this round
-    assert out["bn.running_var"].tolist() == [0.0]  # mean(-0.5, 0.2) < 0, clamped
-
-
-def test_heteroavg_payloads_and_deployables_per_group():
+def test_resnet_groups_get_their_sub_state_dicts_and_are_deployed_per_group():
     server = _resnet_states(1)[0]
     small = frozenset(create_model("resnet10", 10, 1, 8, width=4).state_dict())
-    agg = HeteroAvg()
+    agg = FedAvg(weighting="uniform")
     agg.setup(
         server,
         4,
@@ -172,7 +150,10 @@ def test_heteroavg_payloads_and_deployables_per_group():
     payloads = agg.configure_round(0, [0, 3, 1])
     assert set(payloads[0].weights) == small and payloads[0] is payloads[1]
     assert set(payloads[3].weights) == set(server)
+    trained = {k: v + 1 if v.is_floating_point() else v for k, v in payloads[0].weights.items()}
+    agg.aggregate(0, [Upload(0, trained, 10, 1)])
+    out = agg.global_state()
+    assert all(torch.equal(out[k], trained[k]) for k in small if not k.endswith("running_var"))
+    assert all(torch.equal(out[k], server[k]) for k in set(server) - small)
     assert set(agg.deployables()) == {"global", "resnet10", "resnet14"}
     assert set(agg.deployables()["resnet10"]) == small
-    with pytest.raises(ConfigurationError, match="server model lacks"):
-        HeteroAvg().setup({"a": torch.zeros(1)}, 1, client_keys=[ClientKeys("x", frozenset({"b"}))])

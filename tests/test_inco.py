@@ -1,5 +1,6 @@
-"""InCo aggregation (ALGORITHMS.md 2.4): cross-layer updates on hand-made tensors, layer pairing,
-and InCo<Method> end to end through the CLI (two rounds, resume)."""
+"""InCo aggregation (docs/algorithms.md section 2.4): cross-layer updates on hand-made tensors, layer
+pairing, InCo wrapping any inner aggregator, and InCo<Method> end to end through the CLI (two
+rounds, resume)."""
 
 import math
 import sys
@@ -11,6 +12,10 @@ import torch
 from fedlightning.cli import main
 from fedlightning.errors import ConfigurationError
 from fedlightning.models import create_model
+from fedlightning.protocol import Upload
+from fedlightning.server import Aggregator, FedAdam, FedAvg, FedCross, FedNova, InCo, Scaffold
+from fedlightning.server.base import ClientKeys
+from fedlightning.server.functional import owner_average
 from fedlightning.server.inco import (
     CLIP,
     cross_layer_update,
@@ -160,15 +165,108 @@ def test_inco_apply_skips_pairs_nobody_updated():
     assert inco_apply(old, new, [("k", "z")], {"z"}, "paper")["k"] is new["k"]
 
 
+# -- InCo wraps an inner aggregator ----------------------------------------------------------------
+def _resnet_round(seed=0):
+    """A ResNet14 server, clients 0-1 owning ResNet10's keys and 2-3 ResNet14's, and one round of
+    uploads (client 0 and client 2) with SCAFFOLD's and FedNova's extras."""
+    gen = torch.Generator().manual_seed(seed)
+    server = create_model("resnet14", 10, 1, 8, width=4).state_dict()
+    small = frozenset(create_model("resnet10", 10, 1, 8, width=4).state_dict())
+    keys = [ClientKeys("resnet10", small)] * 2 + [ClientKeys("resnet14", frozenset(server))] * 2
+
+    def trained(owned):
+        return {
+            k: v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+            for k, v in server.items()
+            if k in owned
+        }
+
+    uploads = []
+    for cid, owned, a in ((0, small, 2.0), (2, frozenset(server), 3.0)):
+        weights = trained(owned)
+        delta_c = {
+            k: torch.randn(v.shape, generator=gen)
+            for k, v in weights.items()
+            if v.is_floating_point()
+        }
+        uploads.append(Upload(cid, weights, 10 + cid, 4, {"delta_c": delta_c, "a": a}))
+    return server, keys, uploads
+
+
+def test_default_inco_is_the_owner_mean_then_cross_layer_updates_bitwise():
+    server, keys, uploads = _resnet_round()
+    agg = InCo(variant="official")
+    agg.setup(server, 4, client_keys=keys)
+    agg.aggregate(0, uploads)
+    mean = {**server, **owner_average(server, [u.weights for u in uploads])}  # uniform weights
+    updated = {k for u in uploads for k in u.weights}
+    expected = inco_apply(server, mean, resnet_pairs(list(server)), updated, "official")
+    assert agg.global_state().keys() == expected.keys()
+    assert all(torch.equal(agg.global_state()[k], v) for k, v in expected.items())
+    # the deep layers of stage 3 and 4 changed, nothing else did
+    changed = {k for k, v in expected.items() if not torch.equal(v, mean[k])}
+    assert changed and changed <= {d for d, _ in resnet_pairs(list(server))}
+    assert agg.weighting == "uniform" and agg.payload_extras == frozenset()
+    assert set(agg.deployables()) == {"global", "resnet10", "resnet14"}
+    assert set(agg.configure_round(1, [0])[0].weights) == keys[0].keys
+
+
+@pytest.mark.parametrize("inner", [Scaffold, FedNova, lambda: FedAdam(server_lr=0.01)])
+def test_inco_post_processes_any_inner_aggregators_update(inner):
+    server, keys, uploads = _resnet_round(seed=1)
+    plain, wrapped = inner(), InCo(inner=inner(), variant="paper")
+    plain.setup(server, 4, client_keys=keys)
+    wrapped.setup(server, 4, client_keys=keys)
+    assert wrapped.payload_extras == plain.payload_extras
+    assert wrapped.required_upload_extras == plain.required_upload_extras
+    assert wrapped.weighting == plain.weighting == "samples"
+    plain.aggregate(0, uploads)
+    wrapped.aggregate(0, uploads)
+    updated = {k for u in uploads for k in u.weights}
+    expected = inco_apply(server, plain.global_state(), wrapped.pairs, updated, "paper")
+    assert all(torch.equal(wrapped.global_state()[k], v) for k, v in expected.items())
+    inner_state, state = plain.state_dict(), wrapped.state_dict()
+    assert state.keys() == inner_state.keys()
+    for name in set(state) - {"weights", "num_clients"}:  # the inner's own state: c, m, v
+        assert all(torch.equal(state[name][k], v) for k, v in inner_state[name].items())
+    clone = InCo(inner=inner(), variant="paper")
+    clone.load_state_dict(state)
+    assert all(torch.equal(clone.global_state()[k], v) for k, v in expected.items())
+
+
+def test_inco_refuses_an_inner_without_one_global_model():
+    for inner in (FedCross(), FedAvg(within_groups=True)):
+        with pytest.raises(ConfigurationError, match="loop.aggregator.init_args.inner"):
+            InCo(inner=inner)
+
+
+def test_inner_is_injected_from_yaml():
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--aggregator", type=Aggregator)
+    config = parser.parse_string(
+        "aggregator:\n  class_path: fedlightning.server.InCo\n  init_args:\n    variant: exact\n"
+        "    inner: {class_path: fedlightning.server.Scaffold, init_args: {weighting: uniform}}\n"
+    )
+    agg = parser.instantiate_classes(config).aggregator
+    assert isinstance(agg, InCo) and isinstance(agg.inner, Scaffold) and agg.variant == "exact"
+    assert agg.weighting == "uniform" and agg.payload_extras == frozenset({"c"})
+    default = parser.instantiate_classes(
+        parser.parse_args(["--aggregator", "fedlightning.server.InCo"])
+    )
+    assert type(default.aggregator.inner) is FedAvg and default.aggregator.weighting == "uniform"
+
+
 INCO_METHODS = [
     [],
-    ["--model.class_path", "fedlightning.clients.HeteroFedProx", "--model.init_args.mu", "0.1"],
-    ["--model.class_path", "fedlightning.clients.HeteroMOON", "--model.init_args.projection_dim", "16"],
-    ["--loop.aggregator.class_path", "fedlightning.server.InCoScaffold",
-     "--model.class_path", "fedlightning.clients.HeteroScaffoldClient", "--model.init_args.optimizer", "sgd",
+    ["--model.class_path", "fedlightning.clients.FedProx", "--model.init_args.mu", "0.1"],
+    ["--model.class_path", "fedlightning.clients.MOON", "--model.init_args.projection_dim", "16"],
+    ["--loop.aggregator.init_args.inner", "fedlightning.server.Scaffold",
+     "--model.class_path", "fedlightning.clients.ScaffoldClient", "--model.init_args.optimizer", "sgd",
      "--model.init_args.lr", "0.05"],
-    ["--loop.aggregator.class_path", "fedlightning.server.InCoNova",
-     "--model.class_path", "fedlightning.clients.HeteroFedNovaClient", "--model.init_args.optimizer", "sgd",
+    ["--loop.aggregator.init_args.inner", "fedlightning.server.FedNova",
+     "--model.class_path", "fedlightning.clients.FedNovaClient", "--model.init_args.optimizer", "sgd",
      "--model.init_args.lr", "0.05", "--model.init_args.momentum", "0.5"],
 ]  # fmt: skip
 
@@ -199,16 +297,16 @@ def test_inco_resume_is_bitwise_equal(cli, tmp_path):
     assert [int(r["round"]) for r in rows] == [1, 2, 3]
 
 
-def test_groups_need_a_heterogeneous_aggregator(cli, tmp_path, capsys):
+def test_fedcross_refuses_client_groups(cli, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli(
             tmp_path / "bad",
-            "--loop.aggregator.class_path",
-            "fedlightning.server.FedAvg",
+            "--loop.aggregator",
+            "fedlightning.server.FedCross",
             config="inco_tiny.yaml",
         )
     assert exit_info.value.code == 2
-    assert "loop.aggregator='FedAvg' is not allowed" in capsys.readouterr().err
+    assert "FedCross's middleware models are whole models" in capsys.readouterr().err
 
 
 CONFIGS = Path(__file__).parents[1] / "configs"

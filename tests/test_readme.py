@@ -20,7 +20,7 @@ def test_readme_plugin_example_trains(tmp_path):
     model = namespace["LabelSmoothing"](
         eps=0.1, network="mlp", num_classes=10, in_channels=1, image_size=8, lr=0.1
     )
-    aggregator = namespace["FedAvgM"](beta=0.5)
+    aggregator = namespace["ServerMomentum"](beta=0.5)
     loop = FederatedLoop(
         rounds=3,
         clients_per_round=3,

@@ -6,6 +6,7 @@ import torch
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Upload
 from fedlightning.server import FedAvg
+from fedlightning.server.base import ClientKeys
 from fedlightning.server.functional import clip_update, coordinate_median, trimmed_mean, update_norm
 
 HONEST = [[1.0, 2.0], [2.0, 3.0], [3.0, 4.0], [4.0, 5.0]]
@@ -75,3 +76,15 @@ def test_clipping_bounds_each_update_norm():
 def test_robust_options_are_validated(kwargs, message):
     with pytest.raises(ConfigurationError, match=message):
         FedAvg(**kwargs)
+
+
+@pytest.mark.parametrize("aggregation", ["median", "trimmed_mean"])
+def test_robust_statistics_refuse_clients_owning_different_keys(aggregation):
+    server = {"w": torch.zeros(2), "n": torch.tensor(0)}
+    keys = [ClientKeys("small", frozenset({"w"})), ClientKeys("big", frozenset(server))]
+    with pytest.raises(ConfigurationError, match="loop.aggregator.init_args.aggregation"):
+        FedAvg(aggregation=aggregation).setup(server, 2, client_keys=keys)
+    agg = FedAvg(aggregation=aggregation)  # one group: homogeneous
+    agg.setup(server, 2, client_keys=[ClientKeys("big", frozenset(server))] * 2)
+    agg.aggregate(0, _uploads([[1.0, 2.0], [3.0, 4.0]]))
+    assert agg.global_state()["w"].tolist() == [2.0, 3.0]

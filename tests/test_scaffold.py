@@ -15,6 +15,7 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.fit import ClientFitter
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server import Scaffold
+from fedlightning.server.base import ClientKeys
 from fedlightning.server.scaffold import scaffold_server_control
 from objective_helpers import SYNTHETIC, synthetic_run
 
@@ -86,6 +87,43 @@ class _OneClient:
 def _fit(module, payload, state, x, y, batch_size, steps):
     fitter = ClientFitter(FitConfig(local_steps=steps, accelerator="cpu"))
     return fitter.fit(module, _OneClient(x, y, batch_size), ClientJob(0, 0, payload, state))
+
+
+def test_scaffold_with_client_groups_divides_each_key_by_its_owners():
+    server = {"shared": torch.zeros(2), "deep": torch.zeros(1), "n": torch.tensor(0)}
+    small = frozenset({"shared", "n"})
+    keys = [ClientKeys("small", small)] * 3 + [ClientKeys("big", frozenset(server))]
+    agg = Scaffold(weighting="uniform")
+    agg.setup(server, 4, client_keys=keys)
+    payloads = agg.configure_round(0, [0, 3])
+    assert set(payloads[0].weights) == small and set(payloads[0].extras["c"]) == {"shared"}
+    assert set(payloads[3].extras["c"]) == {"shared", "deep"}
+    uploads = [
+        Upload(0, {"shared": torch.tensor([2.0, 0.0]), "n": torch.tensor(1)}, 1, 1,
+               {"delta_c": {"shared": torch.tensor([4.0, 8.0])}}),
+        Upload(3, {"shared": torch.tensor([4.0, 2.0]), "deep": torch.tensor([6.0]), "n": torch.tensor(2)}, 1, 1,
+               {"delta_c": {"shared": torch.tensor([4.0, 0.0]), "deep": torch.tensor([2.0])}}),
+    ]  # fmt: skip
+    agg.aggregate(0, uploads)
+    # N_shared = 4 clients own "shared", N_deep = 1: c = (0 + (4 + 4) / 4, 8 / 4), 0 + 2 / 1
+    assert agg.c["shared"].tolist() == [2.0, 2.0] and agg.c["deep"].tolist() == [2.0]
+    assert agg.global_state()["shared"].tolist() == [3.0, 1.0]
+    assert agg.global_state()["deep"].tolist() == [6.0]
+
+
+def test_scaffold_homogeneous_control_variate_is_the_mean_over_n_bitwise():
+    gen = torch.Generator().manual_seed(3)
+    server = {"w": torch.randn(7, 3, generator=gen), "b": torch.randn(3, generator=gen)}
+    deltas = [{k: torch.randn(v.shape, generator=gen) for k, v in server.items()} for _ in range(3)]
+    uploads = [Upload(i, server, 5, 1, {"delta_c": d}) for i, d in enumerate(deltas)]
+    for client_keys in (None, [ClientKeys("all", frozenset(server))] * 7):
+        agg = Scaffold()
+        agg.setup(server, 7, client_keys=client_keys)
+        agg.aggregate(0, uploads)
+        expected = scaffold_server_control(
+            {k: torch.zeros_like(v) for k, v in server.items()}, deltas, 7
+        )
+        assert all(torch.equal(agg.c[k], v) for k, v in expected.items())
 
 
 def test_one_scaffold_step_is_corrected_and_renews_c_i_to_the_gradient():

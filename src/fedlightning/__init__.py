@@ -17,7 +17,16 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.loop import FederatedLoop
 from fedlightning.models import create_model, list_models, register_model
 from fedlightning.protocol import Payload, Upload
-from fedlightning.server import Aggregator, FedAvg, FedCross, FedNova, HeteroAvg, InCo, Scaffold
+from fedlightning.server import (
+    Aggregator,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedCross,
+    FedNova,
+    InCo,
+    Scaffold,
+)
 from fedlightning.state import ClientStore
 
 __all__ = [
@@ -27,14 +36,15 @@ __all__ = [
     "ClientModule",
     "ClientStore",
     "ConfigurationError",
+    "FedAdam",
     "FedAvg",
+    "FedAvgM",
     "FedCross",
     "FedNova",
     "FedNovaClient",
     "FedProx",
     "FederatedDataModule",
     "FederatedLoop",
-    "HeteroAvg",
     "InCo",
     "Payload",
     "Scaffold",

@@ -12,7 +12,7 @@ FedAvg         -                                              -
 SCAFFOLD       ``c`` (server control variate)                 ``delta_c`` (c_i+ - c_i)
 FedNova        -                                              ``a`` (normalising factor a_i)
 FedCross       ``model_index`` in :attr:`Payload.model_index`  -
-HeteroAvg/InCo sub-state_dict in :attr:`Payload.weights`      sub-state_dict in :attr:`Upload.weights`
+client groups  sub-state_dict of the group's keys             the same keys in :attr:`Upload.weights`
 =============  =============================================  ==========================================
 
 Client objectives and aggregators declare the extras they need and give

@@ -241,9 +241,9 @@ class FederatedLoop:
         dm.save_partition(self.run_dir / "partition.csv")
         self.reporter.plot_partition(dm)
         initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
-        client_keys = model.client_key_sets(dm.num_clients)
-        extra = {} if client_keys is None else {"client_keys": client_keys}  # MERGE-SHIM
-        self.aggregator.setup(initial, dm.num_clients, self.seed, **extra)
+        self.aggregator.setup(
+            initial, dm.num_clients, self.seed, client_keys=model.client_key_sets(dm.num_clients)
+        )
         start_round, wandb_id = 0, None
         if ckpt_path:
             start_round, wandb_id = self._restore(ckpt_path, dm)

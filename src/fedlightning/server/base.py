@@ -3,20 +3,43 @@
 Aggregators are plain torch on state_dicts: they never import Lightning and can be tested with
 hand-made tensors. One round, as the loop drives it::
 
+    aggregator.setup(initial, num_clients, seed, client_keys)   # once; client_keys may be None
     payloads = aggregator.configure_round(round, client_ids)    # {client_id: Payload}
     uploads  = [train(client_id, payloads[client_id]) ...]      # by the client objectives
     aggregator.aggregate(round, uploads)                        # new server state
     aggregator.deployables()                                    # {"global": state_dict, ...}
 
-Everything a resumed run needs is returned by :meth:`Aggregator.state_dict`.
+**Owner-aware.** ``client_keys`` (one :class:`ClientKeys` per client, or ``None`` when every client
+trains the whole ``initial`` model) says which sub-state_dict each client owns. Every aggregator
+takes it: a client's payload holds only its own keys (clients of one group share one
+:class:`~fedlightning.protocol.Payload` object), and each key is combined over the uploads that
+own it (:func:`~fedlightning.server.functional.owner_combine`). An aggregator that cannot serve
+clients with different key sets refuses them in :meth:`Aggregator.setup` with a
+:class:`~fedlightning.errors.ConfigurationError`.
+
+**One extension hook.** :class:`~fedlightning.server.fedavg.FedAvg` and every subclass aggregate
+by one template::
+
+    averaged = self.average(uploads)              # owner-aware mean (or robust statistic) of the
+                                                  # keys the uploads own
+    self.weights = {**self.weights, **self.server_step(round_index, averaged)}
+
+``server_step(round_index, averaged) -> StateDict`` is the hook for "mean of uploads -> new
+state" (FedAvg returns ``averaged``; FedAvgM and FedAdam apply a server optimizer). Keys that no
+upload owns are not in ``averaged`` and stay unchanged. ``self.weights`` is the server model.
+
+Everything a resumed run needs is returned by :meth:`Aggregator.state_dict`. The loop reads
+``payload_extras``, ``required_upload_extras`` and ``weighting`` from the instance (class
+attributes or properties, as a wrapper such as InCo forwards its inner aggregator's).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
+from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, StateDict, Upload
 
 
@@ -28,6 +51,19 @@ class ClientKeys(NamedTuple):
     keys: frozenset[str]
 
 
+def restrict(state: StateDict, keys: frozenset[str] | None) -> StateDict:
+    """``state`` restricted to ``keys`` (``None``: ``state`` itself, not a copy)."""
+    return state if keys is None else {k: v for k, v in state.items() if k in keys}
+
+
+def group_keys(client_keys: Sequence[ClientKeys] | None) -> dict[str, frozenset[str]]:
+    """Each client group's keys, in order of first appearance (empty for ``None``)."""
+    out: dict[str, frozenset[str]] = {}
+    for group, keys in client_keys or ():
+        out.setdefault(group, keys)
+    return out
+
+
 class Aggregator(ABC):
     """Base class of all server aggregators.
 
@@ -36,15 +72,11 @@ class Aggregator(ABC):
     does not fit before training starts.
     """
 
-    payload_extras: ClassVar[frozenset[str]] = frozenset()
-    required_upload_extras: ClassVar[frozenset[str]] = frozenset()
-    #: whether :meth:`setup` takes ``client_keys`` (clients owning different sub-state_dicts)
-    heterogeneous: ClassVar[bool] = False
-
-    def __init__(self) -> None:
-        self.num_clients = 0
-        self.seed = 0
-        self.client_keys: list[ClientKeys] | None = None
+    payload_extras: frozenset[str] = frozenset()
+    required_upload_extras: frozenset[str] = frozenset()
+    num_clients: int = 0
+    seed: int = 0
+    client_keys: list[ClientKeys] | None = None
 
     def setup(
         self,
@@ -53,23 +85,70 @@ class Aggregator(ABC):
         seed: int = 0,
         client_keys: Sequence[ClientKeys] | None = None,
     ) -> None:
-        """Initialise the server state from the template model's state_dict ``initial``.
+        """Initialise (or re-initialise) all server state from the template model's state_dict
+        ``initial``, the server model whose keys contain every client's.
 
         ``seed`` is the run's seed: an aggregator that needs randomness (e.g. FedCross's shuffle of
         the sampled clients) derives it from ``(seed, round)`` with
         :func:`fedlightning.seeding.derive_seed`, never from the global RNG.
 
-        ``client_keys`` (only passed to ``heterogeneous`` aggregators, from the client objective's
-        :meth:`~fedlightning.clients.ClientModule.client_key_sets`) gives each client's group and
-        keys; ``None`` means every client trains the whole ``initial`` model.
+        ``client_keys`` (from the client objective's ``client_key_sets``) gives each client's group
+        and keys, one entry per client; ``None`` means every client trains the whole ``initial``
+        model. Clients of one group own the same keys.
         """
         self.num_clients = num_clients
         self.seed = seed
         self.client_keys = None if client_keys is None else list(client_keys)
+        if self.client_keys is None:
+            return
+        require(
+            len(self.client_keys) == num_clients,
+            "client_keys",
+            len(self.client_keys),
+            f"one entry per client ({num_clients})",
+        )
+        groups = self.group_keys()
+        for group, keys in groups.items():
+            missing = sorted(keys - set(initial))
+            if missing:
+                raise ConfigurationError(
+                    f"client group {group} has keys {missing[:3]} that the server model lacks"
+                )
+        for group, keys in self.client_keys:
+            if keys != groups[group]:
+                raise ConfigurationError(f"clients of group {group} own different keys")
+
+    def group_keys(self) -> dict[str, frozenset[str]]:
+        """Each client group's keys, in order of first appearance (empty without client_keys)."""
+        return group_keys(self.client_keys)
+
+    def is_heterogeneous(self) -> bool:
+        """Whether clients own more than one distinct key set."""
+        return len(set(self.group_keys().values())) > 1
+
+    def keys_of(self, client_id: int) -> frozenset[str] | None:
+        """Client ``client_id``'s keys (``None``: the whole model)."""
+        return None if self.client_keys is None else self.client_keys[client_id].keys
+
+    def payloads(
+        self,
+        client_ids: Sequence[int],
+        make: Callable[[frozenset[str] | None], Payload],
+    ) -> dict[int, Payload]:
+        """``{cid: make(keys_of(cid))}``, one Payload object per distinct key set."""
+        cache: dict[frozenset[str] | None, Payload] = {}
+        out = {}
+        for cid in client_ids:
+            keys = self.keys_of(cid)
+            if keys not in cache:
+                cache[keys] = make(keys)
+            out[cid] = cache[keys]
+        return out
 
     @abstractmethod
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
-        """The payload for each sampled client of round ``round_index`` (0-based)."""
+        """The payload for each sampled client of round ``round_index`` (0-based): the
+        sub-state_dict of the client's own keys and the algorithm's extras."""
 
     @abstractmethod
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
@@ -80,8 +159,13 @@ class Aggregator(ABC):
         """The deployable global model's state_dict (saved as ``global.pt``)."""
 
     def deployables(self) -> dict[str, StateDict]:
-        """Every model the loop should evaluate, by name; ``"global"`` is the deployable one."""
-        return {"global": self.global_state()}
+        """Every model the loop should evaluate, by name: ``"global"`` (the deployable one) and,
+        when clients are in groups, each group's sub-model of it, named by the group (the InCo
+        paper's evaluation, logged as ``<group>/test_acc``)."""
+        out = {"global": self.global_state()}
+        for group, keys in self.group_keys().items():
+            out.setdefault(group, restrict(out["global"], keys))
+        return out
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:

@@ -1,44 +1,63 @@
 """FedAvg: McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized
-Data", AISTATS 2017, arXiv:1602.05629 (Algorithm 1)."""
+Data", AISTATS 2017, arXiv:1602.05629 (Algorithm 1); owner-aware for clients that own different
+sub-state_dicts as in HeteroFL (Diao et al., ICLR 2021, arXiv:2010.01264) and the InCo paper's
+HeteroAvg (Chan et al., ICLR 2024, arXiv:2308.11464). docs/algorithms.md sections 2.1 and 2.3."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, StateDict, Upload
-from fedlightning.server.base import Aggregator
+from fedlightning.server.base import Aggregator, ClientKeys, group_keys, restrict
 from fedlightning.server.functional import (
     clip_update,
     clone_state,
     coordinate_median,
+    owner_average,
     trimmed_mean,
-    weighted_average,
 )
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean")
+#: joins a group's name and a key in the server state of ``within_groups`` (model keys hold dots)
+GROUP_SEPARATOR = "/"
 
 
 class FedAvg(Aggregator):
-    """Federated averaging of the uploaded models.
+    """Federated averaging of the uploaded models, per key over the uploads that own it.
 
-    ``w <- sum_{i in S} p_i w_i`` with ``p_i = n_i / sum_{j in S} n_j`` (``weighting="samples"``) or
-    ``p_i = 1/|S|`` (``weighting="uniform"``). Integer buffers are taken from the first upload.
-    Every sampled client receives the same global model.
+    Per key p with sampled owners O_p: ``w_p <- sum_{i in O_p} q_i w_{i,p}``,
+    ``q_i = n_i / sum_{j in O_p} n_j`` (``weighting="samples"``) or ``1/|O_p|`` (``"uniform"``),
+    i.e. ``w_p += sum_i q_i (w_{i,p} - w_p)``; a key no sampled client owns is unchanged. With
+    homogeneous clients (every client owns every key) this is McMahan et al.'s
+    ``w <- sum_{i in S} p_i w_i``. Integer buffers come from the first owner, BatchNorm
+    ``running_var`` is clamped to >= 0. Each client receives the sub-state_dict of its own keys.
 
-    Robust options (for uploads that may hold outliers): ``clip_norm`` first clips each client's
-    update ``u_i = w_i - w`` to ``||u_i|| <= clip_norm`` (one flat L2 norm over all floating
-    entries); ``aggregation`` then replaces the weighted mean by the coordinate-wise ``median`` or
-    the coordinate-wise ``trimmed_mean`` that drops the ``floor(trim_beta * K)`` largest and
-    smallest values (Yin et al., ICML 2018, arXiv:1803.01498). Both robust statistics are
-    unweighted: a client counts once whatever its n_i.
+    ``aggregate`` is a template (see :mod:`fedlightning.server.base`):
+    ``averaged = self.average(uploads)``, then :meth:`server_step` turns the mean into the new
+    server state; subclasses override ``server_step`` (server optimizers) or ``average``.
+
+    Robust options (homogeneous clients only): ``clip_norm`` first clips each client's update
+    ``u_i = w_i - w`` to ``||u_i|| <= clip_norm`` (one flat L2 norm over all floating entries);
+    ``aggregation`` then replaces the weighted mean by the coordinate-wise ``median`` or the
+    coordinate-wise ``trimmed_mean`` that drops the ``floor(trim_beta * K)`` largest and smallest
+    values (Yin et al., ICML 2018, arXiv:1803.01498). Both robust statistics are unweighted.
+
+    ``within_groups`` (the InCo paper's baseline, Table 2: "FedAvg only aggregates gradients from
+    the models sharing the same architectures"): each client group keeps its own model, averaged
+    only over its own group's uploads (shared key names never mix across groups); payloads and
+    deployables are each group's model, ``"global"`` the group's model with the most keys. It is
+    a change of key space (the server state holds ``<group>/<key>``), so every subclass keeps its
+    own rule (SCAFFOLD's ``c``, a server optimizer's state) per group.
 
     Args:
         weighting: ``samples`` (by n_i, the paper) or ``uniform``.
         aggregation: ``mean`` (FedAvg), ``median`` or ``trimmed_mean``.
         trim_beta: fraction trimmed at each end by ``trimmed_mean``, in [0, 0.5).
         clip_norm: if set (> 0), the largest L2 norm of a client update.
+        within_groups: one model per client group, no sharing across groups.
     """
 
     def __init__(
@@ -47,8 +66,8 @@ class FedAvg(Aggregator):
         aggregation: Literal["mean", "median", "trimmed_mean"] = "mean",
         trim_beta: float = 0.1,
         clip_norm: float | None = None,
+        within_groups: bool = False,
     ) -> None:
-        super().__init__()
         if weighting not in ("samples", "uniform"):
             raise ConfigurationError(
                 f"FedAvg weighting must be 'samples' or 'uniform', got {weighting!r}"
@@ -65,22 +84,56 @@ class FedAvg(Aggregator):
         self.aggregation = aggregation
         self.trim_beta = trim_beta
         self.clip_norm = clip_norm
+        self.within_groups = within_groups
         self.weights: StateDict = {}
 
-    def setup(self, initial: StateDict, num_clients: int, seed: int = 0) -> None:
-        super().setup(initial, num_clients, seed)
+    # -- setup and payloads ---------------------------------------------------------------------
+    def setup(
+        self,
+        initial: StateDict,
+        num_clients: int,
+        seed: int = 0,
+        client_keys: Sequence[ClientKeys] | None = None,
+    ) -> None:
+        if self.within_groups and client_keys is not None:
+            groups = group_keys(client_keys)
+            initial = {
+                _join(g, k): v
+                for g, keys in groups.items()
+                for k, v in initial.items()
+                if k in keys
+            }
+            owned = {g: frozenset(_join(g, k) for k in keys) for g, keys in groups.items()}
+            client_keys = [ClientKeys(g, owned[g]) for g, _ in client_keys]
+        super().setup(initial, num_clients, seed, client_keys)
+        if self.aggregation != "mean" and self.is_heterogeneous():
+            raise ConfigurationError(
+                f"loop.aggregator.init_args.aggregation={self.aggregation!r} needs clients that "
+                "own the same keys, but these client groups own different keys: use 'mean' (the "
+                "owner-aware mean)"
+            )
         self.weights = clone_state(initial)
 
-    def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
-        payload = Payload(self.weights)
-        return {cid: payload for cid in client_ids}
+    @property
+    def grouped(self) -> bool:
+        """Whether the server state holds one model per client group (``within_groups``)."""
+        return self.within_groups and self.client_keys is not None
 
+    def payload(self, keys: frozenset[str] | None) -> Payload:
+        """The payload for clients owning ``keys`` (server key space; ``None``: every key)."""
+        return Payload(restrict(self.weights, keys))
+
+    def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
+        make = (lambda keys: _ungroup_payload(self.payload(keys))) if self.grouped else self.payload
+        return self.payloads(client_ids, make)
+
+    # -- aggregation: the template --------------------------------------------------------------
     def client_weights(self, uploads: Sequence[Upload]) -> list[float]:
-        """p_i before normalisation: n_i or 1."""
+        """q_i before normalisation: n_i or 1."""
         return [float(u.num_samples) if self.weighting == "samples" else 1.0 for u in uploads]
 
-    def combine(self, uploads: Sequence[Upload]) -> StateDict:
-        """The aggregated state_dict of ``uploads`` under the configured clipping and statistic."""
+    def average(self, uploads: Sequence[Upload]) -> StateDict:
+        """The keys the uploads own, combined under the configured clipping and statistic."""
         states = [u.weights for u in uploads]
         if self.clip_norm is not None:
             states = [clip_update(s, self.weights, self.clip_norm) for s in states]
@@ -88,13 +141,37 @@ class FedAvg(Aggregator):
             return coordinate_median(states)
         if self.aggregation == "trimmed_mean":
             return trimmed_mean(states, self.trim_beta)
-        return weighted_average(states, self.client_weights(uploads))
+        return owner_average(self.weights, states, self.client_weights(uploads))
+
+    def server_step(self, round_index: int, averaged: StateDict) -> StateDict:
+        """The extension hook: the new values of the keys in ``averaged`` (the mean of this
+        round's uploads over the keys they own), from the current ``self.weights``. FedAvg takes
+        the mean itself."""
+        return averaged
 
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
-        self.weights = self.combine(uploads)
+        if self.grouped:
+            uploads = [self._group_upload(u) for u in uploads]
+        averaged = self.average(uploads)
+        self.weights = {**self.weights, **self.server_step(round_index, averaged)}
+
+    # -- state ----------------------------------------------------------------------------------
+    def group_models(self) -> dict[str, StateDict]:
+        """Each client group's own model (``within_groups``; empty otherwise)."""
+        if not self.grouped:
+            return {}
+        return {g: _ungroup(restrict(self.weights, keys)) for g, keys in self.group_keys().items()}
 
     def global_state(self) -> StateDict:
+        if self.grouped:
+            return max(self.group_models().values(), key=len)
         return self.weights
+
+    def deployables(self) -> dict[str, StateDict]:
+        if self.grouped:
+            models = self.group_models()
+            return {"global": max(models.values(), key=len), **models}
+        return super().deployables()
 
     def state_dict(self) -> dict[str, Any]:
         return {"weights": self.weights, "num_clients": self.num_clients}
@@ -102,3 +179,30 @@ class FedAvg(Aggregator):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.weights = clone_state(state["weights"])
         self.num_clients = state["num_clients"]
+
+    def _group_upload(self, upload: Upload) -> Upload:
+        group = self.client_keys[upload.client_id].group  # type: ignore[index]
+        return dataclasses.replace(
+            upload,
+            weights={_join(group, k): v for k, v in upload.weights.items()},
+            extras={
+                name: {_join(group, k): v for k, v in value.items()}
+                if isinstance(value, dict)
+                else value
+                for name, value in upload.extras.items()
+            },
+        )
+
+
+# within_groups' key space: state_dict-valued extras (SCAFFOLD's c, delta_c) are keyed like the model
+def _join(group: str, key: str) -> str:
+    return f"{group}{GROUP_SEPARATOR}{key}"
+
+
+def _ungroup(state: StateDict) -> StateDict:
+    return {k.split(GROUP_SEPARATOR, 1)[1]: v for k, v in state.items()}
+
+
+def _ungroup_payload(payload: Payload) -> Payload:
+    extras = {k: _ungroup(v) if isinstance(v, dict) else v for k, v in payload.extras.items()}
+    return dataclasses.replace(payload, weights=_ungroup(payload.weights), extras=extras)

@@ -1,5 +1,5 @@
 """FedCross: Hu et al., "FedCross: Towards Accurate Federated Learning via Multi-Model
-Cross-Aggregation", ICDE 2024, arXiv:2210.08285 (ALGORITHMS.md section 2.2).
+Cross-Aggregation", ICDE 2024, arXiv:2210.08285 (docs/algorithms.md section 2.2).
 
 The maths are pure functions over state_dicts, tested on hand-made tensors:
 :func:`similarity_matrix`, :func:`select_collaborators`, :func:`propeller_collaborators`,
@@ -18,10 +18,10 @@ from torch import Tensor
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.seeding import derive_seed
-from fedlightning.server.base import Aggregator
+from fedlightning.server.base import Aggregator, ClientKeys
 from fedlightning.server.functional import (
-    RUNNING_STATISTICS,
     clone_state,
+    parameter_keys,
     uniform_average,
     weighted_average,
 )
@@ -33,20 +33,6 @@ MEASURES = ("cosine", "layerwise")
 
 
 # -- pure functions ---------------------------------------------------------------------------------
-def parameter_keys(state: StateDict) -> list[str]:
-    """The floating-point entries of ``state`` that are parameters, in order.
-
-    A state_dict does not say which entries are parameters; normalisation running statistics
-    (``*.running_mean``, ``*.running_var``) are the float buffers of every torch model here and
-    are left out, integer buffers (``num_batches_tracked``) too.
-    """
-    return [
-        k
-        for k, v in state.items()
-        if v.is_floating_point() and k.rsplit(".", 1)[-1] not in RUNNING_STATISTICS
-    ]
-
-
 def layer_groups(keys: Sequence[str]) -> list[list[str]]:
     """``keys`` grouped by owning module (``conv1.weight`` and ``conv1.bias`` form one layer), in
     order of first appearance."""
@@ -102,7 +88,8 @@ def similarity_matrix(
 def select_collaborators(
     similarity: Tensor, round: int, strategy: Selection = "lowest_similarity"
 ) -> list[int]:
-    """The collaborator ``co(i) != i`` of each of the K trained models (ALGORITHMS.md 2.2 step 3).
+    """The collaborator ``co(i) != i`` of each of the K trained models (docs/algorithms.md
+    section 2.2 step 3).
 
     ``in_order``: ``co(i) = (i + (round mod (K-1)) + 1) mod K`` (the similarity values are not used,
     only K), so over K-1 consecutive rounds every other model is i's collaborator exactly once.
@@ -195,8 +182,8 @@ class FedCross(Aggregator):
     with ``co(i)`` from :func:`select_collaborators` on :func:`similarity_matrix` of the trained
     models and ``p1, p2`` from :func:`propeller_collaborators`. ``alpha_r = alpha`` except in the
     dynamic-alpha rounds ``[a, b)``, where ``alpha_r = min(alpha, alpha_start + (r - a) *
-    alpha_step)`` (the ramp starts where its range starts; with ``a = 0`` this is ALGORITHMS.md's
-    ``alpha_start + r * alpha_step``). The deployable global model is the uniform mean of the K
+    alpha_step)`` (the ramp starts where its range starts; with ``a = 0`` this is
+    docs/algorithms.md's ``alpha_start + r * alpha_step``). The deployable global model is the uniform mean of the K
     middleware models; it never trains. Rounds ``r < first_stage_bound`` are a FedAvg warm-up: the
     uploads' sample-weighted mean (as the authors' code) replaces every middleware model.
 
@@ -307,8 +294,21 @@ class FedCross(Aggregator):
         return round_index < self.first_stage_bound
 
     # -- the contract ---------------------------------------------------------------------------
-    def setup(self, initial: StateDict, num_clients: int, seed: int = 0) -> None:
-        super().setup(initial, num_clients, seed)
+    def setup(
+        self,
+        initial: StateDict,
+        num_clients: int,
+        seed: int = 0,
+        client_keys: Sequence[ClientKeys] | None = None,
+    ) -> None:
+        super().setup(initial, num_clients, seed, client_keys)
+        partial = [g for g, keys in self.group_keys().items() if keys != set(initial)]
+        if partial:
+            raise ConfigurationError(
+                f"FedCross's middleware models are whole models, but client groups {partial} own "
+                "only part of the server model: FedCross needs every client to train the whole "
+                "model (one architecture); use FedAvg or InCo for heterogeneous clients"
+            )
         self.initial = clone_state(initial)
         self.k = self.num_models
         self.models = []
@@ -387,7 +387,7 @@ class FedCross(Aggregator):
         return self._global
 
     def deployables(self) -> dict[str, StateDict]:
-        out = {"global": self.global_state()}
+        out = super().deployables()
         if self.evaluate_middleware:
             out.update({f"middleware_{i}": w for i, w in enumerate(self.models)})
         return out

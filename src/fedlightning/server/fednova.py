@@ -1,14 +1,15 @@
 """FedNova: Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated
-Optimization", NeurIPS 2020, arXiv:2007.07481 (equation 6, normalised averaging)."""
+Optimization", NeurIPS 2020, arXiv:2007.07481 (equation 6, normalised averaging).
+docs/algorithms.md section 1.5."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Literal
 
 from fedlightning.protocol import StateDict, Upload
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.server.functional import RUNNING_STATISTICS, weighted_average
+from fedlightning.server.functional import is_running_statistic, owner_combine, weighted_average
 
 
 def fednova_aggregate(
@@ -45,16 +46,18 @@ def fednova_aggregate(
     if rest == 0:
         return weighted_average(states, coefficients)
     out = weighted_average([*states, global_state], [*coefficients, rest])
-    statistics = [k for k in global_state if k.rsplit(".", 1)[-1] in RUNNING_STATISTICS]
+    statistics = [k for k in global_state if is_running_statistic(k)]
     if statistics:
         out.update(weighted_average([{k: s[k] for k in statistics} for s in states], weights))
     return out
 
 
 class FedNova(FedAvg):
-    """The FedNova server (ALGORITHMS.md 1.5): ``p_i = n_i / sum_S n_j``,
+    """The FedNova server (docs/algorithms.md section 1.5): ``p_i = n_i / sum_S n_j``,
     ``tau_eff = sum_i p_i a_i``, ``x <- x - tau_eff * sum_i p_i (x - x_i) / a_i``, with each
-    client's ``a_i`` read from its upload extra ``"a"``.
+    client's ``a_i`` read from its upload extra ``"a"``; per key over the clients that own it
+    (p_i, tau_eff and the sum restricted to the owners, :func:`fednova_aggregate` on each set of
+    keys with the same owners).
 
     With equal ``a_i`` (equal step counts, no momentum) this is exactly FedAvg. BatchNorm running
     statistics take the FedAvg mean (see :func:`fednova_aggregate`). Pair with
@@ -62,17 +65,24 @@ class FedNova(FedAvg):
 
     Args:
         weighting: ``samples`` (p_i by n_i, the paper) or ``uniform``.
+        within_groups: one model per client group; see :class:`FedAvg`.
     """
 
-    required_upload_extras: ClassVar[frozenset[str]] = frozenset({"a"})
+    required_upload_extras: frozenset[str] = frozenset({"a"})
 
-    def __init__(self, weighting: Literal["samples", "uniform"] = "samples") -> None:
-        super().__init__(weighting=weighting)
+    def __init__(
+        self, weighting: Literal["samples", "uniform"] = "samples", within_groups: bool = False
+    ) -> None:
+        super().__init__(weighting=weighting, within_groups=within_groups)
 
-    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
-        self.weights = fednova_aggregate(
+    def average(self, uploads: Sequence[Upload]) -> StateDict:
+        """Normalised averaging of the keys the uploads own."""
+        a = [float(u.extras["a"]) for u in uploads]
+        weights = self.client_weights(uploads)
+        return owner_combine(
             self.weights,
             [u.weights for u in uploads],
-            [float(u.extras["a"]) for u in uploads],
-            self.client_weights(uploads),
+            lambda server, states, owners: fednova_aggregate(
+                server, states, [a[i] for i in owners], [weights[i] for i in owners]
+            ),
         )

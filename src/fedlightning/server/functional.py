@@ -3,11 +3,16 @@
 Floating-point entries are combined in float64 and cast back to their dtype, so the result does not
 depend on the order of accumulation more than one rounding. Integer entries (BatchNorm's
 ``num_batches_tracked``) are never averaged into floats.
+
+Owner-aware maths (docs/algorithms.md section 2.3): clients may upload sub-state_dicts (the keys of
+their own architecture). :func:`owner_combine` applies a combination rule separately to each set of
+keys owned by the same uploads, so one rule serves homogeneous and heterogeneous clients: when
+every upload owns every key there is one such set, and the result is the rule's own, bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -15,6 +20,21 @@ from fedlightning.protocol import StateDict
 
 #: float buffers that are statistics of the data, not learned weights (torch's normalisation layers)
 RUNNING_STATISTICS = ("running_mean", "running_var")
+
+
+def is_running_statistic(key: str) -> bool:
+    """Whether ``key`` names a normalisation layer's running statistic (a float buffer)."""
+    return key.rsplit(".", 1)[-1] in RUNNING_STATISTICS
+
+
+def parameter_keys(state: StateDict) -> list[str]:
+    """The floating-point entries of ``state`` that are parameters, in order.
+
+    A state_dict does not say which entries are parameters; normalisation running statistics
+    (``*.running_mean``, ``*.running_var``) are the float buffers of every torch model here and
+    are left out, integer buffers (``num_batches_tracked``) too.
+    """
+    return [k for k, v in state.items() if v.is_floating_point() and not is_running_statistic(k)]
 
 
 def clone_state(state: StateDict) -> StateDict:
@@ -33,7 +53,7 @@ def clone_state(state: StateDict) -> StateDict:
 def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
     """``sum_i (w_i / sum_j w_j) * state_i`` for floating entries.
 
-    Integer entries are taken from the first state (ALGORITHMS.md 2.1: taken from one client,
+    Integer entries are taken from the first state (docs/algorithms.md section 2.1: taken from one client,
     never averaged as floats). All states must have the same keys and shapes.
 
     >>> a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
@@ -153,7 +173,8 @@ def trimmed_mean(states: Sequence[StateDict], beta: float) -> StateDict:
 
 
 def update_norm(state: StateDict, reference: StateDict) -> float:
-    """``||state - reference||_2`` over all floating entries, as one flat vector.
+    """``||state - reference||_2`` over the floating entries of ``reference`` that ``state`` has
+    (a client's sub-state_dict), as one flat vector.
 
     >>> update_norm({"w": torch.tensor([3.0, 4.0])}, {"w": torch.zeros(2)})
     5.0
@@ -161,6 +182,7 @@ def update_norm(state: StateDict, reference: StateDict) -> float:
     total = sum(
         float((state[k].double() - reference[k].double()).pow(2).sum())
         for k in float_keys(reference)
+        if k in state
     )
     return total**0.5
 
@@ -182,3 +204,74 @@ def clip_update(state: StateDict, reference: StateDict, max_norm: float) -> Stat
         else v
         for k, v in state.items()
     }
+
+
+# -- owner-aware maths --------------------------------------------------------------------------
+#: combine the owners' sub-state_dicts: ``(server sub-state, owners' sub-states, owner indices)``
+Combine = Callable[[StateDict, list[StateDict], list[int]], StateDict]
+
+
+def owner_groups(
+    server: StateDict, states: Sequence[StateDict]
+) -> dict[tuple[int, ...], list[str]]:
+    """The server's keys grouped by the indices of the states that own them (in server order);
+    keys nobody owns are left out."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for key in server:
+        owners = tuple(i for i, s in enumerate(states) if key in s)
+        if owners:
+            groups.setdefault(owners, []).append(key)
+    return groups
+
+
+def owner_combine(server: StateDict, states: Sequence[StateDict], combine: Combine) -> StateDict:
+    """``combine`` applied separately to each set of keys owned by the same states: the new values
+    of the keys some state owns (in server order). Keys nobody owns are absent: merge the result
+    into ``server`` (``{**server, **out}``) to keep them unchanged."""
+    out: StateDict = {}
+    for owners, keys in owner_groups(server, states).items():
+        sub = {k: server[k] for k in keys}
+        out.update(combine(sub, [{k: states[i][k] for k in keys} for i in owners], list(owners)))
+    return {k: out[k] for k in server if k in out}
+
+
+def clamp_running_var(state: StateDict) -> StateDict:
+    """BatchNorm ``running_var`` entries clamped to >= 0 (an average of deltas can undershoot)."""
+    return {k: v.clamp(min=0) if k.endswith("running_var") else v for k, v in state.items()}
+
+
+def owner_average(
+    server: StateDict, states: Sequence[StateDict], weights: Sequence[float] | None = None
+) -> StateDict:
+    """The owner-aware mean (HeteroFL/HeteroAvg rule): per key p with owners O_p,
+    ``w_p + sum_{c in O_p} q_c (w_{c,p} - w_p) = sum_{c in O_p} q_c w_{c,p}`` with
+    ``q_c = weight_c / sum_{O_p} weight`` (uniform by default).
+
+    Evaluated as the owners' :func:`weighted_average`, so when every state owns every key this is
+    ``weighted_average(states, weights)`` bit for bit. Integer buffers come from the first owner;
+    ``running_var >= 0``; keys nobody owns are absent (see :func:`owner_combine`).
+
+    Example:
+        >>> server = {"a": torch.tensor([0.0]), "b": torch.tensor([9.0])}
+        >>> owner_average(server, [{"a": torch.tensor([1.0])}, {"a": torch.tensor([3.0]),
+        ...                                                      "b": torch.tensor([5.0])}])
+        {'a': tensor([2.]), 'b': tensor([5.])}
+    """
+    weights = [1.0] * len(states) if weights is None else list(weights)
+    return clamp_running_var(
+        owner_combine(
+            server,
+            states,
+            lambda _, sub, owners: weighted_average(sub, [weights[i] for i in owners]),
+        )
+    )
+
+
+def owner_counts(
+    keys: Sequence[str], key_sets: Sequence[frozenset[str]] | None, num_clients: int
+) -> dict[str, int]:
+    """``N_p``: how many of the ``num_clients`` clients own each key (all of them when
+    ``key_sets``, one per client, is ``None``)."""
+    if key_sets is None:
+        return dict.fromkeys(keys, num_clients)
+    return {k: sum(k in ks for ks in key_sets) for k in keys}

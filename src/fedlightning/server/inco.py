@@ -1,109 +1,42 @@
 """InCo Aggregation: Chan et al., "Internal Cross-layer Gradients for Extending Homogeneity to
 Heterogeneity in Federated Learning", ICLR 2024, arXiv:2308.11464 (section 3, Theorem 3.1; the
-``official`` variant follows the authors' released code). ALGORITHMS.md 2.4.
+``official`` variant follows the authors' released code). docs/algorithms.md section 2.4.
 
 The server update of a deep layer k is mixed with the update of the first layer of its stage
-(``layer 0``), whose update is more homogeneous across clients and architectures. Works on top of
-any aggregator that yields a server state per round (HeteroAvg, its SCAFFOLD and FedNova variants):
-any client objective becomes InCo<Method>.
+(``layer 0``), whose update is more homogeneous across clients and architectures. :class:`InCo`
+wraps any aggregator with one global model (FedAvg, Scaffold, FedNova, FedAvgM, FedAdam), so any
+client objective becomes InCo<Method>.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.protocol import StateDict, Upload
-from fedlightning.server.base import ClientKeys
-from fedlightning.server.heteroavg import HeteroAvg, HeteroNova, HeteroScaffold
+from fedlightning.protocol import Payload, StateDict, Upload
+from fedlightning.server.base import Aggregator, ClientKeys
+from fedlightning.server.fedavg import FedAvg
+from fedlightning.server.inco_pairs import (
+    PAIR_RULES,
+    inco_pairs,
+    register_pair_rule,
+    resnet_pairs,
+    vit_pairs,
+)
+
+__all__ = [
+    "CLIP", "C_MAX", "PAIR_RULES", "VARIANTS", "InCo", "cross_layer_update", "inco_apply",
+    "inco_pairs", "register_pair_rule", "resnet_pairs", "vit_pairs",
+]  # fmt: skip
 
 VARIANTS = ("official", "paper", "exact")
 #: the official code's bounds: c = clamp(|theta|, 0, C_MAX), g_new clipped to [-CLIP, CLIP]
 C_MAX = 5.0
 CLIP = 0.1
-
-PairRule = Callable[[Sequence[str]], list[tuple[str, str]]]
-PAIR_RULES: dict[str, PairRule] = {}
-
-
-def register_pair_rule(name: str) -> Callable[[PairRule], PairRule]:
-    """Decorator: register ``rule(keys) -> [(deep key, layer-0 key), ...]`` as ``name``. This is how
-    a model family declares its own pairs; ``pair_rule="auto"`` applies every registered rule."""
-
-    def decorate(rule: PairRule) -> PairRule:
-        PAIR_RULES[name] = rule
-        return rule
-
-    return decorate
-
-
-@register_pair_rule("resnet")
-def resnet_pairs(keys: Sequence[str]) -> list[tuple[str, str]]:
-    """``layer{s}.{j}.conv1.weight`` and ``layer{s}.{j}.conv2.weight`` for blocks ``j >= 1``, each
-    with ``layer{s}.0.conv2.weight``; stem, block 0, BN, downsample and the classifier are left out.
-    Any name prefix (e.g. ``backbone.``) is allowed."""
-    present = set(keys)
-    pairs = []
-    for key in keys:
-        match = re.fullmatch(r"(.*?)layer(\d+)\.(\d+)\.conv[12]\.weight", key)
-        if match and int(match.group(3)) >= 1:
-            layer0 = f"{match.group(1)}layer{match.group(2)}.0.conv2.weight"
-            if layer0 in present:
-                pairs.append((key, layer0))
-    return pairs
-
-
-@register_pair_rule("vit")
-def vit_pairs(keys: Sequence[str]) -> list[tuple[str, str]]:
-    """``blocks.{i}.norm2.weight`` with ``blocks.{i}.norm1.weight`` in every block (timm names)."""
-    present = set(keys)
-    pairs = []
-    for key in keys:
-        match = re.fullmatch(r"(.*?)blocks\.(\d+)\.norm2\.weight", key)
-        if match:
-            layer0 = f"{match.group(1)}blocks.{match.group(2)}.norm1.weight"
-            if layer0 in present:
-                pairs.append((key, layer0))
-    return pairs
-
-
-def inco_pairs(
-    state: StateDict, rule: str = "auto", pairs: Iterable[Sequence[str]] | None = None
-) -> list[tuple[str, str]]:
-    """The (deep layer, layer 0) pairs of the model ``state``: the explicit ``pairs`` if given,
-    else those of the registered ``rule`` (``auto``: every registered rule). Both keys must exist
-    and have the same shape, and a layer 0 must not itself be a deep layer."""
-    if pairs is not None:
-        found = [(str(p[0]), str(p[1])) for p in pairs]
-    elif rule == "auto":
-        found = list(dict.fromkeys(p for r in PAIR_RULES.values() for p in r(list(state))))
-    else:
-        require(
-            rule in PAIR_RULES,
-            "aggregator.pair_rule",
-            rule,
-            f"'auto' or one of {', '.join(sorted(PAIR_RULES))}",
-        )
-        found = PAIR_RULES[rule](list(state))
-    for deep, layer0 in found:
-        for key in (deep, layer0):
-            if key not in state:
-                raise ConfigurationError(
-                    f"aggregator.pairs: {key!r} is not a key of the server model"
-                )
-        if state[deep].shape != state[layer0].shape:
-            raise ConfigurationError(
-                f"aggregator.pairs: {deep} {tuple(state[deep].shape)} and {layer0} "
-                f"{tuple(state[layer0].shape)} differ in shape"
-            )
-    if {d for d, _ in found} & {z for _, z in found}:
-        raise ConfigurationError("aggregator.pairs: a layer 0 is also paired as a deep layer")
-    return found
 
 
 def _safe_div(x: Tensor, y: Tensor) -> Tensor:
@@ -138,7 +71,7 @@ def cross_layer_update(
     - ``optimize=False``: ``c = 1`` (``normalize=False`` too: ``g_k + g_0``, the paper's "w/o N & O").
 
     ``normalize=None`` (default) takes each variant's own form: normalised for ``official`` and
-    ``paper``, the plain projection for ``exact``. Decision (ALGORITHMS.md 2.4 lists ``exact``
+    ``paper``, the plain projection for ``exact``. Decision (docs/algorithms.md section 2.4 lists ``exact``
     beside the normalised update, but names it "Theorem 3.1 as stated", whose update is the
     projection): ``exact`` means the theorem; ``exact`` with ``normalize=True`` is the normalised
     update with the theorem's coefficient, which is *not* a projection: ``<g_new, g_0>`` is
@@ -208,12 +141,25 @@ def inco_apply(
     return out
 
 
-class InCoMixin:
-    """Put in front of an aggregator with a ``server_update(uploads)`` (HeteroAvg and subclasses):
-    the paired deep layers' aggregated updates go through :func:`cross_layer_update`; every other
-    key keeps the plain aggregated update.
+class InCo(Aggregator):
+    """InCo<Method>: the ``inner`` aggregator's round, then InCo's cross-layer updates of the
+    paired deep layers (docs/algorithms.md section 2.4).
+
+    After ``inner.aggregate``, with ``g = w_new - w_old`` the inner's server update, each paired
+    deep layer k becomes ``w_old_k + cross_layer_update(g_k, g_0)`` (:func:`inco_apply`; a pair is
+    skipped in a round where no sampled client owns its deep layer or its layer 0); every other key
+    keeps the inner's update, and the inner's own state (SCAFFOLD's ``c``, a server optimizer's
+    moments) is the inner's. Everything else (payloads, state, deployables, extras, weighting) is
+    the inner's.
+
+    InCoAvg is ``InCo()`` (inner ``FedAvg(weighting="uniform")``, the paper's mean over owners),
+    InCoScaffold ``InCo(inner=Scaffold())``, InCoNova ``InCo(inner=FedNova())``; InCoProx and
+    InCoMOON pair ``InCo()`` with those client objectives. In YAML:
+    ``inner: {class_path: fedlightning.server.Scaffold}``.
 
     Args:
+        inner: the wrapped aggregator, one with a single global model (a FedAvg subclass without
+            ``within_groups``); ``null``: ``FedAvg(weighting="uniform")``.
         variant: ``official`` (default: the authors' code, which produced their tables), ``paper``
             or ``exact`` (Theorem 3.1's projection); see :func:`cross_layer_update`.
         normalize: ``null`` (default): the variant's own form (normalised for ``official`` and
@@ -227,14 +173,21 @@ class InCoMixin:
 
     def __init__(
         self,
+        inner: Aggregator | None = None,
         variant: Literal["official", "paper", "exact"] = "official",
         normalize: bool | None = None,
         optimize: bool = True,
         pair_rule: str = "auto",
         pairs: list[list[str]] | None = None,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        inner = FedAvg(weighting="uniform") if inner is None else inner
+        require(
+            isinstance(inner, FedAvg) and not inner.within_groups,
+            "loop.aggregator.init_args.inner",
+            type(inner).__name__,
+            "an aggregator with one global model (FedAvg, Scaffold, FedNova, FedAvgM, FedAdam; "
+            "not within_groups)",
+        )
         require(variant in VARIANTS, "aggregator.variant", variant, f"one of {', '.join(VARIANTS)}")
         require(
             pair_rule == "auto" or pair_rule in PAIR_RULES,
@@ -242,12 +195,26 @@ class InCoMixin:
             pair_rule,
             f"'auto' or one of {', '.join(sorted(PAIR_RULES))}",
         )
+        self.inner: FedAvg = inner  # type: ignore[assignment]
         self.variant = variant
         self.normalize = normalize
         self.optimize = optimize
         self.pair_rule = pair_rule
         self.explicit_pairs = pairs
         self.pairs: list[tuple[str, str]] = []
+
+    # the loop reads these from the instance: they are the inner aggregator's
+    @property
+    def payload_extras(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.payload_extras
+
+    @property
+    def required_upload_extras(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.required_upload_extras
+
+    @property
+    def weighting(self) -> str:
+        return self.inner.weighting
 
     def setup(
         self,
@@ -256,7 +223,7 @@ class InCoMixin:
         seed: int = 0,
         client_keys: Sequence[ClientKeys] | None = None,
     ) -> None:
-        super().setup(initial, num_clients, seed, client_keys)
+        self.inner.setup(initial, num_clients, seed, client_keys)
         self.pairs = inco_pairs(initial, self.pair_rule, self.explicit_pairs)
         if not self.pairs:
             raise ConfigurationError(
@@ -264,25 +231,25 @@ class InCoMixin:
                 "ResNet stages or ViT blocks, a registered rule, or explicit aggregator.pairs"
             )
 
-    def server_update(self, uploads: Sequence[Upload]) -> StateDict:
-        new = super().server_update(uploads)
+    def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
+        return self.inner.configure_round(round_index, client_ids)
+
+    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
+        inner, old = self.inner, self.inner.weights
+        inner.aggregate(round_index, uploads)
         updated = {k for u in uploads for k in u.weights}
-        return inco_apply(
-            self.weights, new, self.pairs, updated, self.variant, self.normalize, self.optimize
+        inner.weights = inco_apply(
+            old, inner.weights, self.pairs, updated, self.variant, self.normalize, self.optimize
         )
 
+    def global_state(self) -> StateDict:
+        return self.inner.global_state()
 
-class InCo(InCoMixin, HeteroAvg):
-    """InCoAvg: HeteroAvg's layer-wise mean over owners, then InCo's cross-layer updates of the
-    paired deep layers (ALGORITHMS.md 2.4). Client objectives: ``HeteroClientModule`` (InCoAvg),
-    ``HeteroFedProx`` (InCoProx), or any homogeneous ClientModule. See :class:`InCoMixin`."""
+    def deployables(self) -> dict[str, StateDict]:
+        return self.inner.deployables()
 
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
 
-class InCoScaffold(InCoMixin, HeteroScaffold):
-    """InCoScaffold: :class:`~fedlightning.server.heteroavg.HeteroScaffold`'s update through InCo.
-    Pair with ``HeteroScaffoldClient``. See :class:`InCoMixin`."""
-
-
-class InCoNova(InCoMixin, HeteroNova):
-    """InCoNova: :class:`~fedlightning.server.heteroavg.HeteroNova`'s update through InCo.
-    Pair with ``HeteroFedNovaClient``. See :class:`InCoMixin`."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)

@@ -1,25 +1,29 @@
 """SCAFFOLD: Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
-Learning", ICML 2020, arXiv:1910.06378 (Algorithm 1, server side, global step size 1)."""
+Learning", ICML 2020, arXiv:1910.06378 (Algorithm 1, server side, global step size 1).
+docs/algorithms.md section 1.4."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 import torch
 
 from fedlightning.protocol import Payload, StateDict, Upload
+from fedlightning.server.base import ClientKeys, restrict
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.server.functional import clone_state
+from fedlightning.server.functional import clone_state, owner_counts
 
 
 def scaffold_server_control(
-    c: StateDict, delta_cs: Sequence[StateDict], num_clients: int
+    c: StateDict, delta_cs: Sequence[StateDict], num_clients: int | Mapping[str, int]
 ) -> StateDict:
-    """``c + (1/N) * sum_i delta_c_i`` over the keys of ``c`` (a key no upload has is unchanged).
+    """``c_p + (1/N_p) sum_i delta_c_{i,p}`` over the keys of ``c`` (a delta that lacks p adds
+    nothing; a key no delta has is unchanged).
 
-    ``N`` is the total number of clients, not the number sampled: ``c`` stays the mean of all
-    clients' ``c_i`` when every ``c_i`` starts at zero.
+    ``N_p`` (``num_clients``: one number for every key, or one per key) counts all the clients
+    that own p, not the number sampled: ``c_p`` stays the mean of its owners' ``c_{i,p}`` when every
+    ``c_i`` starts at zero.
     """
     out: StateDict = {}
     for key, value in c.items():
@@ -27,43 +31,58 @@ def scaffold_server_control(
         for delta in delta_cs:
             if key in delta:
                 total += delta[key].detach().to("cpu", torch.float64)
-        out[key] = (value.double() + total / num_clients).to(value.dtype)
+        n = num_clients if isinstance(num_clients, int) else max(num_clients.get(key, 1), 1)
+        out[key] = (value.double() + total / n).to(value.dtype)
     return out
 
 
 class Scaffold(FedAvg):
-    """The SCAFFOLD server (ALGORITHMS.md 1.4): ``x <- sum_i p_i y_i`` (``p_i = n_i / sum n``, the
-    FedAvg mean, i.e. global step size 1) and ``c <- c + (1/N) sum_{i in S} delta_c_i``.
+    """The SCAFFOLD server (docs/algorithms.md section 1.4): ``x <- sum_i p_i y_i`` (the FedAvg
+    mean per key over its owners, i.e. global step size 1) and
+    ``c_p <- c_p + (1/N_p) sum_{i in S} delta_c_{i,p}``, ``N_p`` the number of clients (sampled or
+    not) that own p (``N`` for homogeneous clients).
 
-    ``c`` starts at zero for every floating entry of the model and is sent to every sampled client
-    as the payload extra ``"c"``; clients only use (and report ``delta_c`` for) the trainable
-    parameters, so the entries of ``c`` for float buffers stay zero. Pair with
+    ``c`` starts at zero for every floating entry of the model; each sampled client receives ``c``
+    restricted to its keys as the payload extra ``"c"``. Clients only use (and report ``delta_c``
+    for) the trainable parameters, so the entries of ``c`` for float buffers stay zero. Pair with
     :class:`fedlightning.clients.ScaffoldClient`.
 
     Args:
         weighting: ``samples`` (by n_i, the paper) or ``uniform`` for the model average.
+        within_groups: one model (and one ``c``) per client group; see :class:`FedAvg`.
     """
 
-    payload_extras: ClassVar[frozenset[str]] = frozenset({"c"})
-    required_upload_extras: ClassVar[frozenset[str]] = frozenset({"delta_c"})
+    payload_extras: frozenset[str] = frozenset({"c"})
+    required_upload_extras: frozenset[str] = frozenset({"delta_c"})
 
-    def __init__(self, weighting: Literal["samples", "uniform"] = "samples") -> None:
-        super().__init__(weighting=weighting)
+    def __init__(
+        self, weighting: Literal["samples", "uniform"] = "samples", within_groups: bool = False
+    ) -> None:
+        super().__init__(weighting=weighting, within_groups=within_groups)
         self.c: StateDict = {}
+        self.owners: dict[str, int] = {}
 
-    def setup(self, initial: StateDict, num_clients: int, seed: int = 0) -> None:
-        super().setup(initial, num_clients, seed)
+    def setup(
+        self,
+        initial: StateDict,
+        num_clients: int,
+        seed: int = 0,
+        client_keys: Sequence[ClientKeys] | None = None,
+    ) -> None:
+        super().setup(initial, num_clients, seed, client_keys)
         self.c = {k: torch.zeros_like(v) for k, v in self.weights.items() if v.is_floating_point()}
+        key_sets = None if self.client_keys is None else [ck.keys for ck in self.client_keys]
+        self.owners = owner_counts(list(self.c), key_sets, num_clients)
 
-    def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
-        payload = Payload(self.weights, extras={"c": self.c})
-        return {cid: payload for cid in client_ids}
+    def payload(self, keys: frozenset[str] | None) -> Payload:
+        return Payload(restrict(self.weights, keys), extras={"c": restrict(self.c, keys)})
 
-    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
-        super().aggregate(round_index, uploads)
+    def average(self, uploads: Sequence[Upload]) -> StateDict:
+        """The model mean, after folding the uploads' ``delta_c`` into ``c``."""
         self.c = scaffold_server_control(
-            self.c, [u.extras["delta_c"] for u in uploads], self.num_clients
+            self.c, [u.extras["delta_c"] for u in uploads], self.owners or self.num_clients
         )
+        return super().average(uploads)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "c": self.c}
