@@ -12,7 +12,13 @@ CONF = Path(__file__).parent / "conf"
 
 
 def test_a_user_objective_with_a_scheduler_dict_trains(cli, tmp_path):
-    rows = cli(tmp_path, "--model.class_path", "user_clients.ScheduledClient", "--model.init_args.lr", "0.2")
+    rows = cli(
+        tmp_path,
+        "--model.class_path",
+        "user_clients.ScheduledClient",
+        "--model.init_args.lr",
+        "0.2",
+    )
     assert all(int(float(r["clients_failed"])) == 0 for r in rows)
     assert float(rows[-1]["test_acc"]) > 0.8  # digits, 10 classes: chance is 0.1
 

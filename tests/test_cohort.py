@@ -8,8 +8,8 @@ from torch import nn
 from fedlightning import FedAvg, FederatedDataModule, FederatedLoop
 from fedlightning.backends import CohortBackend, RayBackend
 from fedlightning.clients import MOON, ClientModule, FedNovaClient, FedProx, ScaffoldClient
-from fedlightning.server import FedNova
 from fedlightning.errors import ConfigurationError
+from fedlightning.server import FedNova
 from objective_helpers import SYNTHETIC
 
 
@@ -135,7 +135,9 @@ def test_cohort_refuses_what_it_cannot_train(make, loop_kwargs, message, tmp_pat
         rounds=1, clients_per_round=2, aggregator=aggregator, run_dir=str(tmp_path), progress_bar=False,
         plots=False, backend=CohortBackend(), **loop_kwargs,
     )  # fmt: skip
-    with pytest.raises(ConfigurationError, match=f"loop.backend=CohortBackend cannot train.*{message}"):
+    with pytest.raises(
+        ConfigurationError, match=f"loop.backend=CohortBackend cannot train.*{message}"
+    ):
         loop.fit(model, datamodule=dm)
     assert not any(tmp_path.iterdir())  # refused before anything was written
 

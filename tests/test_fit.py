@@ -78,9 +78,11 @@ def _assert_bitwise(a, b):
 
 #: every objective in full precision and bf16-mixed (Lightning runs bf16 autocast on a CPU too);
 #: 16-mixed (on a CPU, Lightning's bf16-mixed) for the objectives that allow it
-PRECISION_CASES = [(n, "32-true") for n in sorted(CASES)] + [
-    (n, "bf16-mixed") for n in ("fedavg", "fedprox", "scaffold", "fml")
-] + [("fedavg", "16-mixed")]
+PRECISION_CASES = (
+    [(n, "32-true") for n in sorted(CASES)]
+    + [(n, "bf16-mixed") for n in ("fedavg", "fedprox", "scaffold", "fml")]
+    + [("fedavg", "16-mixed")]
+)
 
 
 @pytest.mark.parametrize(("name", "precision"), PRECISION_CASES)
@@ -140,7 +142,9 @@ def test_a_module_that_needs_the_trainer_trains_with_one(tmp_path):
 
 
 def test_64_true_fits_with_a_trainer_and_evaluates(tmp_path):
-    loop = synthetic_run(ClientModule(**SYNTHETIC), FedAvg(), tmp_path=tmp_path, precision="64-true", plots=False)
+    loop = synthetic_run(
+        ClientModule(**SYNTHETIC), FedAvg(), tmp_path=tmp_path, precision="64-true", plots=False
+    )
     assert loop.aggregator.global_state()["head.weight"].dtype == torch.float64
     assert 0.0 <= loop.history[-1]["test_acc"] <= 1.0
 
@@ -181,9 +185,13 @@ def test_bad_configure_optimizers_output_is_a_clear_error(returned, message):
         split_optimizers(returned)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed with a gradient scaler needs CUDA")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="16-mixed with a gradient scaler needs CUDA"
+)
 def test_16_mixed_fabric_fit_matches_a_cuda_trainer_fit(tmp_path):
     fabric_state, fabric_steps = _final("fedprox", tmp_path, "auto", "16-mixed", accelerator="cuda")
-    trainer_state, trainer_steps = _final("fedprox", tmp_path, "trainer", "16-mixed", accelerator="cuda")
+    trainer_state, trainer_steps = _final(
+        "fedprox", tmp_path, "trainer", "16-mixed", accelerator="cuda"
+    )
     assert fabric_steps == trainer_steps
     _assert_bitwise(fabric_state, trainer_state)

@@ -3,9 +3,9 @@ sub-state_dict dispatch, and FedAvg's layer-wise mean over owners (docs/algorith
 
 import pytest
 import torch
-from fedlightning.clients.groups import assign_groups, check_nested
 
 from fedlightning.clients import ClientModule
+from fedlightning.clients.groups import assign_groups, check_nested
 from fedlightning.errors import ConfigurationError
 from fedlightning.models import create_model
 from fedlightning.protocol import Upload
@@ -86,9 +86,7 @@ def test_vit_pretrained_path_copies_the_first_blocks(tmp_path):
     ("networks", "kwargs"), [(RESNETS[::-1], {"width": 4}), (["vit_s12", "vit_s8"], NARROW_VIT)]
 )
 def test_groups_smallest_first_and_dispatch_by_key_set(networks, kwargs):
-    model = ClientModule(
-        networks=networks, network_kwargs=kwargs, num_classes=10, image_size=8
-    )
+    model = ClientModule(networks=networks, network_kwargs=kwargs, num_classes=10, image_size=8)
     assert model.groups == networks[::-1]
     assert set(model.network.state_dict()) == set(_keys(networks[0], **kwargs))  # the server model
     key_sets = model.client_key_sets(2 * len(networks))
@@ -106,9 +104,7 @@ def test_groups_smallest_first_and_dispatch_by_key_set(networks, kwargs):
 
 def test_architectures_that_do_not_nest_are_refused():
     with pytest.raises(ConfigurationError, match="must nest"):
-        ClientModule(
-            networks=["resnet10", "mlp"], network_kwargs={}, num_classes=10, image_size=8
-        )
+        ClientModule(networks=["resnet10", "mlp"], network_kwargs={}, num_classes=10, image_size=8)
     a = {"w": torch.zeros(2, 3)}
     b = {"w": torch.zeros(3, 3), "v": torch.zeros(1)}
     with pytest.raises(

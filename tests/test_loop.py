@@ -141,11 +141,19 @@ class FailsThirdFit(ClientModule):
 def test_isolated_failures_follow_on_round_failure(tmp_path):
     kwargs = dict(network="mlp", num_classes=3, in_channels=6, image_size=1)
     FailsThirdFit.fits = 0
-    dm, loop = _tiny(rounds=2, clients_per_round=2, run_dir=str(tmp_path), min_clients=2, on_round_failure="stop")
+    dm, loop = _tiny(
+        rounds=2, clients_per_round=2, run_dir=str(tmp_path), min_clients=2, on_round_failure="stop"
+    )
     with pytest.raises(RunStopped, match="round 2: only 1 of 2 clients succeeded"):
         loop.fit(FailsThirdFit(**kwargs), datamodule=dm)
     FailsThirdFit.fits = 0
-    dm, loop = _tiny(rounds=2, clients_per_round=2, run_dir=str(tmp_path / "skip"), min_clients=2, checkpoint_every=1)
+    dm, loop = _tiny(
+        rounds=2,
+        clients_per_round=2,
+        run_dir=str(tmp_path / "skip"),
+        min_clients=2,
+        checkpoint_every=1,
+    )
     seen = []
 
     class Recording(FedAvg):
@@ -253,3 +261,23 @@ def test_onednn_is_off_during_a_run_and_restored_after(tmp_path):
         assert set(seen) == {onednn}
         assert torch.backends.mkldnn.enabled == before
         seen.clear()
+
+
+def _outcome(results):
+    from fedlightning.loop.failures import sort_results
+
+    return sort_results(4, list(results), results)
+
+
+def test_the_failure_policy_tells_bugs_from_client_failures():
+    from fedlightning.backends.base import WorkerLost
+    from fedlightning.loop.failures import check_for_bug
+
+    same = _outcome({0: KeyError("a"), 1: KeyError("b")})
+    with pytest.raises(ClientBug, match="round 5: no client succeeded \\(2 raised"):
+        check_for_bug(4, False, same)
+    mixed = _outcome({0: KeyError("a"), 1: ValueError("b")})
+    check_for_bug(4, False, mixed)  # different errors in a later round: the policy decides
+    with pytest.raises(ClientBug):
+        check_for_bug(4, True, mixed)  # ...but the first round must have one success
+    check_for_bug(0, True, _outcome({0: WorkerLost("actor died"), 1: WorkerLost("actor died")}))

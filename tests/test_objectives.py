@@ -160,7 +160,10 @@ def test_fml_personal_models_and_optimizer_state_persist_and_never_upload(tmp_pa
     # the personal parameter group's SGD state, one entry per personal parameter
     personal_params = list(model.personal.parameters())
     assert len(state["optimizer"]) == len(personal_params)
-    assert all(s["momentum_buffer"].shape == p.shape for s, p in zip(state["optimizer"], personal_params, strict=True))
+    assert all(
+        s["momentum_buffer"].shape == p.shape
+        for s, p in zip(state["optimizer"], personal_params, strict=True)
+    )
     assert 0.0 <= loop.history[-1]["personal_acc"] <= 1.0
 
 

@@ -1,4 +1,4 @@
-"""``loop.backend: ray`` on a local Ray instance: the same bits as the sequential backend.
+"""``loop.backend: RayBackend`` on a local Ray instance: the same bits as the sequential backend.
 
 Ray is installed by ``make install`` (the ``ray`` extra); starting it and its two worker
 processes takes about half a minute, shared by the tests of this module.
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from fedlightning.backends import RayBackend
 from fedlightning.clients import ClientModule, ScaffoldClient
 from fedlightning.server import Scaffold
 from objective_helpers import SYNTHETIC, synthetic_run
@@ -28,11 +29,13 @@ def local_ray():
 
 
 def test_cli_ray_run_writes_the_same_global_model_as_sequential(local_ray, tmp_path):
-    """``fedlightning fit --loop.backend ray`` and the sequential default: byte-equal global.pt
+    """``fedlightning fit --loop.backend RayBackend`` and the sequential default: byte-equal global.pt
     (conftest runs torch with 1 thread, as each actor does with ``num_cpus_per_client: 1``)."""
     common = ("--loop.rounds", "3", "--loop.plots", "false")
     sequential = run_cli(tmp_path / "sequential", *common)
-    remote = run_cli(tmp_path / "ray", *common, "--loop.backend", "ray", "--loop.num_workers", "2")
+    remote = run_cli(
+        tmp_path / "ray", *common, "--loop.backend", "RayBackend", "--loop.backend.num_workers", "2"
+    )
     assert (tmp_path / "ray" / "global.pt").read_bytes() == (
         tmp_path / "sequential" / "global.pt"
     ).read_bytes()
@@ -47,7 +50,7 @@ def test_ray_backend_keeps_client_state_like_sequential(local_ray, tmp_path):
         torch.manual_seed(0)
         loop = synthetic_run(
             ScaffoldClient(**SYNTHETIC), Scaffold(), rounds=3, tmp_path=tmp_path / backend, plots=False,
-            backend=backend, num_workers=2,
+            backend=RayBackend(num_workers=2) if backend == "ray" else None,
         )  # fmt: skip
         results[backend] = (loop.aggregator.state_dict(), loop.store.state_dict())
     (seq_agg, seq_store), (ray_agg, ray_store) = results["sequential"], results["ray"]
@@ -68,7 +71,11 @@ def test_ray_failures_leave_the_client_out(local_ray, tmp_path):
             return super().training_step(batch, batch_idx)
 
     loop = synthetic_run(
-        Flaky(**SYNTHETIC), rounds=2, tmp_path=tmp_path, plots=False, backend="ray", num_workers=2
+        Flaky(**SYNTHETIC),
+        rounds=2,
+        tmp_path=tmp_path,
+        plots=False,
+        backend=RayBackend(num_workers=2),
     )
     assert sum(row["clients_failed"] for row in loop.history) >= 1
 
@@ -84,7 +91,11 @@ def test_a_dead_actor_fails_its_client_and_the_run_goes_on(local_ray, tmp_path):
             return super().training_step(batch, batch_idx)
 
     loop = synthetic_run(
-        Killer(**SYNTHETIC), rounds=3, tmp_path=tmp_path, plots=False, backend="ray", num_workers=2
+        Killer(**SYNTHETIC),
+        rounds=3,
+        tmp_path=tmp_path,
+        plots=False,
+        backend=RayBackend(num_workers=2),
     )
     assert [row["round"] for row in loop.history] == [1, 2, 3]
     assert sum(row["clients_failed"] for row in loop.history) >= 1

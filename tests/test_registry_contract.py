@@ -94,7 +94,9 @@ def _pairs():
         objective_cls, _ = _partner_objective(agg_cls)
         if (objective_cls, agg_cls) not in seen:
             yield pytest.param(
-                objective_cls, lambda a=agg_cls, o=objective_cls: _aggregator(a, o), id=agg_cls.__name__
+                objective_cls,
+                lambda a=agg_cls, o=objective_cls: _aggregator(a, o),
+                id=agg_cls.__name__,
             )
 
 

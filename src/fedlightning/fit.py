@@ -47,7 +47,9 @@ def trainer_reason(model: ClientModule, precision: str) -> str | None:
         return f"precision {precision!r} (the Fabric fit covers {', '.join(FABRIC_PRECISIONS)})"
     if not model.automatic_optimization:
         return "it uses manual optimization"
-    overridden = [h for h in TRAINER_HOOKS if getattr(type(model), h) is not getattr(ClientModule, h)]
+    overridden = [
+        h for h in TRAINER_HOOKS if getattr(type(model), h) is not getattr(ClientModule, h)
+    ]
     if overridden:
         return f"{type(model).__name__} overrides {', '.join(overridden)}"
     return None
@@ -191,7 +193,9 @@ class ClientFitter:
         while (max_steps is None and epoch < config.local_epochs) or (
             max_steps is not None and steps < max_steps
         ):
-            epoch_loss: Any = 0.0  # a tensor sum: read (a device sync) only by a monitored scheduler
+            epoch_loss: Any = (
+                0.0  # a tensor sum: read (a device sync) only by a monitored scheduler
+            )
             epoch_batches = 0
             for batch_idx, batch in enumerate(batches):
                 fabric_optimizer.zero_grad()

@@ -23,11 +23,19 @@ and the loop checks that a pairing fits before any training starts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from torch import Tensor
 
 StateDict = dict[str, Tensor]
+
+
+class ClientKeys(NamedTuple):
+    """What one client trains when clients own different architectures: its group's name (e.g.
+    ``"resnet10"``) and the state_dict keys of that architecture (a subset of the server's)."""
+
+    group: str
+    keys: frozenset[str]
 
 
 @dataclass

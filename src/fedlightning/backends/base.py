@@ -24,6 +24,12 @@ if TYPE_CHECKING:
 RoundResults = dict[int, FitResult | BaseException]
 
 
+class WorkerLost(RuntimeError):
+    """The worker that ran (or was to run) a client fit died or was unavailable (an actor killed
+    by the OS, a node lost). The client failed, but this is no evidence of a bug in the objective:
+    the failure policy never stops a run for it."""
+
+
 class Backend(ABC):
     """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``."""
 
@@ -32,7 +38,9 @@ class Backend(ABC):
         called by the loop at start-up, before anything is written or trained."""
 
     @abstractmethod
-    def start(self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig) -> None:
+    def start(
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
+    ) -> None:
         """Prepare to fit clients of ``model`` on ``datamodule`` (set up data, devices, workers)."""
 
     @abstractmethod

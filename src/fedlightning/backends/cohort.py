@@ -86,7 +86,9 @@ class CohortBackend(Backend):
                 refuse(f"the network's {name} ({type(module).__name__}) draws random masks")
         self.hyper = (group["lr"], group["momentum"], group["weight_decay"])
 
-    def start(self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig) -> None:
+    def start(
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
+    ) -> None:
         if not hasattr(self, "hyper"):
             self.check(model, config)
         self.model, self.dm, self.config = model, datamodule, config
@@ -126,7 +128,9 @@ class CohortBackend(Backend):
             grads = {n: torch.zeros_like(p) for n, p in params.items()}
             for group in _by_size(batches, active):
                 index = torch.tensor(group, device=self.device)
-                batch = tuple(torch.stack([batches[i][j] for i in group]).to(self.device) for j in range(2))
+                batch = tuple(
+                    torch.stack([batches[i][j] for i in group]).to(self.device) for j in range(2)
+                )
                 sub_p = {n: p[index] for n, p in params.items()}
                 sub_f = {n: f[index] for n, f in fixed.items()}
                 g, values = step(sub_p, sub_f, batch)
@@ -146,7 +150,7 @@ class CohortBackend(Backend):
         results: RoundResults = {}
         for i, job in enumerate(jobs):
             model.begin_client(job.client_id, job.payload, job.state)
-            trained = {n[len(prefix):]: p[i] for n, p in params.items()}
+            trained = {n[len(prefix) :]: p[i] for n, p in params.items()}
             model.network.load_state_dict({**job.payload.weights, **trained})
             num_steps = int(steps[i])
             weights, extras, state = model.end_client(num_steps)
@@ -186,7 +190,10 @@ def _sgd_step(
     if not bool(active.all()):  # some clients are done: step a copy and keep their rows
         old_params, old_buffers = [p.clone() for p in params], [b.clone() for b in buffers]
         _sgd_step(params, grads, buffers, torch.ones_like(active), lr, momentum, weight_decay)
-        for new, old in (*zip(params, old_params, strict=True), *zip(buffers, old_buffers, strict=True)):
+        for new, old in (
+            *zip(params, old_params, strict=True),
+            *zip(buffers, old_buffers, strict=True),
+        ):
             keep = active.view(-1, *([1] * (new.ndim - 1)))
             new.copy_(torch.where(keep, new, old))
         return

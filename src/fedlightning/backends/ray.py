@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.backends.base import Backend, RoundResults, WorkerLost
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
@@ -104,7 +104,9 @@ class RayBackend(Backend):
         self.num_cpus = num_cpus_per_client
         self.workers: list[Any] = []
 
-    def start(self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig) -> None:
+    def start(
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
+    ) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
@@ -146,8 +148,9 @@ class RayBackend(Backend):
                     raise cause from None
                 cause.traceback = str(error)  # the worker's traceback, as Ray formats it
                 results[cid] = cause
-            except ray.exceptions.RayActorError as error:  # the actor died: that client failed
-                results[cid] = error
+            except ray.exceptions.RayActorError as error:  # ActorUnavailableError included
+                # the actor died or is restarting: that client failed, through no fault of its own
+                results[cid] = WorkerLost(f"client {cid}'s Ray actor was lost: {error}")
         return results
 
     def stop(self) -> None:

@@ -20,7 +20,9 @@ class SequentialBackend(Backend):
     """Fits each client in turn with one :class:`~fedlightning.fit.ClientFitter`; the training data
     stays on the fitting device (a GPU) for the whole run when it fits there."""
 
-    def start(self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig) -> None:
+    def start(
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
+    ) -> None:
         self.model, self.datamodule = model, datamodule
         self.fitter = ClientFitter(config)
         datamodule.place_training_data(self.fitter.device)

@@ -22,8 +22,7 @@ from torch import Tensor, nn
 from fedlightning.clients.groups import assign_groups, check_nested
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.models import create_model
-from fedlightning.protocol import Payload, StateDict
-from fedlightning.server.base import ClientKeys
+from fedlightning.protocol import ClientKeys, Payload, StateDict
 
 if TYPE_CHECKING:
     from fedlightning.state import ClientStore
@@ -205,7 +204,8 @@ class ClientModule(pl.LightningModule):
             return None
         keys = [frozenset(net.state_dict()) for net in self._nets]
         return [
-            ClientKeys(self.groups[g], keys[g]) for g in assign_groups(num_clients, len(self.groups))
+            ClientKeys(self.groups[g], keys[g])
+            for g in assign_groups(num_clients, len(self.groups))
         ]
 
     @classmethod

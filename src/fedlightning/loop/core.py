@@ -31,6 +31,7 @@ from fedlightning.loop.checkpoint import (
 )
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
+from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.sampling import clients_per_round, sample_clients
 from fedlightning.protocol import ClientJob, FitConfig
@@ -146,7 +147,10 @@ class FederatedLoop:
             "loop.on_round_failure", on_round_failure, "'skip' or 'stop'",
         )  # fmt: skip
         require(
-            client_state in ("memory", "disk"), "loop.client_state", client_state, "'memory' or 'disk'"
+            client_state in ("memory", "disk"),
+            "loop.client_state",
+            client_state,
+            "'memory' or 'disk'",
         )
         require(fit_with in ("auto", "trainer"), "loop.fit_with", fit_with, "'auto' or 'trainer'")
         require(
@@ -212,12 +216,14 @@ class FederatedLoop:
         Returns the last evaluated metrics.
         """
         if datamodule is None or train_dataloaders is not None or val_dataloaders is not None:
-            raise ConfigurationError("FederatedLoop.fit needs a FederatedDataModule as `datamodule`")
+            raise ConfigurationError(
+                "FederatedLoop.fit needs a FederatedDataModule as `datamodule`"
+            )
         datamodule.setup("fit")
         per_round = clients_per_round(
             self.clients_per_round, datamodule.num_clients, self.min_clients
         )
-        self._check_pairing(model)
+        check_pairing(model, self.aggregator, self.precision)
         classes = getattr(model, "num_classes", None)
         if classes is not None and classes < datamodule.num_classes:
             raise ConfigurationError(
@@ -240,7 +246,9 @@ class FederatedLoop:
         remove_stale_temporaries(self.run_dir)
         dm.save_partition(self.run_dir / "partition.csv")
         self.reporter.plot_partition(dm)
-        initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
+        initial = {
+            k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()
+        }
         self.aggregator.setup(
             initial, dm.num_clients, self.seed, client_keys=model.client_key_sets(dm.num_clients)
         )
@@ -248,7 +256,11 @@ class FederatedLoop:
         if ckpt_path:
             start_round, wandb_id = self._restore(ckpt_path, dm)
         self.reporter.open(self.history, wandb_id, dm)
-        fabric = Fabric(accelerator=self.fit_config.accelerator, devices=1, precision=_fabric_precision(self.precision))
+        fabric = Fabric(
+            accelerator=self.fit_config.accelerator,
+            devices=1,
+            precision=_fabric_precision(self.precision),
+        )
         evaluator = Evaluator(fabric.device, fabric.autocast)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         started = time.perf_counter()
@@ -277,10 +289,15 @@ class FederatedLoop:
                     metrics = {
                         "round": r + 1,
                         **evaluator.evaluate(
-                            model, dm, self.aggregator.deployables(),
-                            [u.client_id for u in uploads], self.store,
+                            model,
+                            dm,
+                            self.aggregator.deployables(),
+                            [u.client_id for u in uploads],
+                            self.store,
                         ),  # fmt: skip
-                        "train_loss": _mean([u.metrics.get("train_loss", math.nan) for u in uploads]),
+                        "train_loss": _mean(
+                            [u.metrics.get("train_loss", math.nan) for u in uploads]
+                        ),
                         "clients_failed": len(outcome.failed),
                         "clients_rejected": len(outcome.rejected),
                         "round_time_s": time.perf_counter() - round_start,
@@ -325,31 +342,6 @@ class FederatedLoop:
                 rounds_done, self.rounds,
             )  # fmt: skip
         return rounds_done, checkpoint.get("wandb_id")
-
-    def _check_pairing(self, model: ClientModule) -> None:
-        """Refuse a client objective and aggregator that do not fit each other, or a precision
-        the objective cannot train with."""
-        model.check_precision(self.precision)
-        agg, objective = type(self.aggregator).__name__, type(model).__name__
-        missing = model.required_payload_extras - self.aggregator.payload_extras
-        if missing:
-            raise ConfigurationError(
-                f"client objective {objective} needs {sorted(missing)} from the server, which aggregator "
-                f"{agg} does not send: pair it with its own aggregator"
-            )
-        weighting = getattr(self.aggregator, "weighting", None)
-        if model.required_weighting is not None and weighting not in (None, model.required_weighting):
-            raise ConfigurationError(
-                f"client objective {objective} needs its uploads averaged with weighting="
-                f"{model.required_weighting!r}, but aggregator {agg} has weighting={weighting!r}: "
-                f"set loop.aggregator.init_args.weighting: {model.required_weighting}"
-            )
-        missing = self.aggregator.required_upload_extras - model.upload_extras
-        if missing:
-            raise ConfigurationError(
-                f"aggregator {agg} needs {sorted(missing)} in each upload, which client objective "
-                f"{objective} does not produce: pair it with its own client objective"
-            )
 
 
 def _fabric_precision(precision: str) -> str:

@@ -29,12 +29,16 @@ if TYPE_CHECKING:
 class Evaluator:
     """Scores models on ``device`` under ``autocast`` (the run's precision context)."""
 
-    def __init__(self, device: torch.device, autocast: Callable[[], AbstractContextManager]) -> None:
+    def __init__(
+        self, device: torch.device, autocast: Callable[[], AbstractContextManager]
+    ) -> None:
         self.device = device
         self.autocast = autocast
 
     @torch.no_grad()
-    def test(self, model: ClientModule, batches: Iterable[tuple[Tensor, Tensor]]) -> dict[str, float]:
+    def test(
+        self, model: ClientModule, batches: Iterable[tuple[Tensor, Tensor]]
+    ) -> dict[str, float]:
         """``test_acc`` (micro accuracy) and ``test_loss`` (mean cross-entropy per sample)."""
         accuracy = MulticlassAccuracy(model.num_classes, average="micro").to(self.device)
         loss = MeanMetric().to(self.device)
@@ -48,7 +52,9 @@ class Evaluator:
         return {"test_acc": float(accuracy.compute()), "test_loss": float(loss.compute())}
 
     @torch.no_grad()
-    def client_accuracy(self, model: ClientModule, x: Tensor, y: Tensor, owner: Tensor, batch_size: int) -> float:
+    def client_accuracy(
+        self, model: ClientModule, x: Tensor, y: Tensor, owner: Tensor, batch_size: int
+    ) -> float:
         """The unweighted mean over clients of each client's accuracy on its own samples."""
         correct = torch.zeros(0, dtype=torch.float64, device=self.device)
         counts = torch.zeros(0, dtype=torch.float64, device=self.device)
@@ -88,7 +94,9 @@ class Evaluator:
         x, y, owner = dm.client_val_data()
         if len(y):
             results["val_acc"] = self.client_accuracy(model, x, y, owner, dm.eval_batch_size)
-        results.update(model.evaluate_clients(client_ids, store, dm.client_val_dataloader, self.device))
+        results.update(
+            model.evaluate_clients(client_ids, store, dm.client_val_dataloader, self.device)
+        )
         model.train()
         return results
 

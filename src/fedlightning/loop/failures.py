@@ -4,7 +4,8 @@ A client that raises, or uploads non-finite values, is left out of its round and
 (a failed client never loses the run). But failures that are bugs are not client failures: when
 every client of a round fails with the same exception type, or the first round this run trains has
 no successful client, the objective (or the data) is broken, and the run stops with the first
-traceback instead of "succeeding" at chance accuracy.
+traceback instead of "succeeding" at chance accuracy. A lost worker
+(:class:`~fedlightning.backends.base.WorkerLost`) is never taken for a bug.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fedlightning.backends.base import RoundResults
+from fedlightning.backends.base import RoundResults, WorkerLost
 from fedlightning.protocol import FitResult, Upload
 
 log = logging.getLogger("fedlightning")
@@ -69,10 +70,12 @@ def sort_results(round_index: int, client_ids: list[int], results: RoundResults)
 def check_for_bug(round_index: int, first_round: bool, outcome: RoundOutcome) -> None:
     """Raise :class:`ClientBug` when the round's failures say the objective or data is broken."""
     failed = outcome.failed
-    if outcome.results:
+    if outcome.results or any(isinstance(e, WorkerLost) for e in failed.values()):
         return
     first_error = next(iter(failed.values()), None)
-    same_type = bool(failed) and not outcome.rejected and len({type(e) for e in failed.values()}) == 1
+    same_type = (
+        bool(failed) and not outcome.rejected and len({type(e) for e in failed.values()}) == 1
+    )
     if not (same_type or first_round):
         return
     if first_error is not None:

@@ -50,10 +50,14 @@ class Reporter:
             from fedlightning.analysis.plots import plot_partition
 
             plot_partition(
-                dm.partition_table(), self.run_dir / "partition.png", title=f"{dm.dataset} partition"
+                dm.partition_table(),
+                self.run_dir / "partition.png",
+                title=f"{dm.dataset} partition",
             )
 
-    def open(self, history: Sequence[dict[str, float]], wandb_id: str | None, dm: FederatedDataModule) -> None:
+    def open(
+        self, history: Sequence[dict[str, float]], wandb_id: str | None, dm: FederatedDataModule
+    ) -> None:
         """Open the loggers; a resumed run first rewrites the rows up to its checkpoint to CSV."""
         csv = CSVLogger(save_dir=str(self.run_dir), name="", version="")
         for row in history:

@@ -37,18 +37,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.protocol import Payload, StateDict, Upload
-
-
-class ClientKeys(NamedTuple):
-    """What one client trains when clients own different architectures: its group's name (e.g.
-    ``"resnet10"``) and the state_dict keys of that architecture (a subset of the server's)."""
-
-    group: str
-    keys: frozenset[str]
+from fedlightning.protocol import ClientKeys, Payload, StateDict, Upload
 
 
 def restrict(state: StateDict, keys: frozenset[str] | None) -> StateDict:
