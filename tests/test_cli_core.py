@@ -48,3 +48,21 @@ def test_a_broken_objective_stops_the_run_with_its_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "round 1: no client succeeded" in err and "ZeroDivisionError" in err
     assert not (tmp_path / "global.pt").exists()
+
+
+def test_a_user_written_server_optimizer_through_the_cli(cli, tmp_path):
+    plain = cli(tmp_path / "fedavg")
+    rows = cli(tmp_path / "nesterov", "--loop.aggregator", "user_clients.ServerNesterov",
+               "--loop.aggregator.beta", "0.5")  # fmt: skip
+    assert float(rows[-1]["test_acc"]) > 0.8
+    assert [r["test_acc"] for r in rows] != [r["test_acc"] for r in plain]  # the hook ran
+
+
+def test_a_user_objective_runs_heterogeneously_without_a_new_class(cli, tmp_path):
+    rows = cli(tmp_path, "--model.class_path", "user_clients.SmoothedCE", "--model.init_args.eps", "0.1",
+               config="inco_tiny.yaml")  # fmt: skip
+    last = rows[-1]
+    assert {"resnet10/test_acc", "resnet14/test_acc", "resnet18/test_acc", "group_mean_acc"} <= set(
+        last
+    )
+    assert int(float(last["clients_failed"])) == 0

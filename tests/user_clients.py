@@ -4,6 +4,7 @@
 import torch
 
 from fedlightning.clients import ClientModule, ScaffoldClient
+from fedlightning.server import FedAvg
 
 
 class CrashAndNaN:
@@ -60,3 +61,29 @@ class BrokenObjective(ClientModule):
 
     def local_loss(self, batch):
         return super().local_loss(batch) * (1 // 0)
+
+
+class ServerNesterov(FedAvg):
+    """A user-written server optimizer, as the README's "adding an algorithm" shows: Nesterov
+    momentum on the pseudo-gradient ``d = w - mean``: ``v <- beta v + d``, ``w <- w - (beta v + d)``."""
+
+    def __init__(self, beta: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.beta, self.velocity = beta, {}
+
+    def server_step(self, round_index, averaged):
+        new = dict(averaged)
+        for key, mean in averaged.items():
+            if mean.is_floating_point() and not key.endswith(("running_mean", "running_var")):
+                d = self.weights[key] - mean
+                v = self.beta * self.velocity.get(key, torch.zeros_like(d)) + d
+                self.velocity[key] = v
+                new[key] = self.weights[key] - (self.beta * v + d)
+        return new
+
+    def state_dict(self):
+        return {**super().state_dict(), "velocity": self.velocity}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.velocity = {k: v.clone() for k, v in state["velocity"].items()}

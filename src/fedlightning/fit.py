@@ -143,7 +143,8 @@ class ClientFitter:
         """
         fit_seed = derive_seed(self.config.seed, "fit", job.round_index, job.client_id)
         seed_fit(fit_seed)
-        model.to(self.device)
+        if _device_of(model) != self.device:  # moving walks every submodule: only when needed
+            model.to(self.device)
         model.begin_client(job.client_id, job.payload, job.state)
         batches = dm.client_train_dataloader(job.client_id, fit_seed)
         reason = trainer_reason(model, self.config.precision)
@@ -190,6 +191,7 @@ class ClientFitter:
         fabric_optimizer = fabric.setup_optimizers(optimizer)
         model.train()
         steps, epoch, max_steps = 0, 0, config.local_steps
+        monitored = any(c.monitor is not None for c in schedulers)
         while (max_steps is None and epoch < config.local_epochs) or (
             max_steps is not None and steps < max_steps
         ):
@@ -205,7 +207,9 @@ class ClientFitter:
                 self._clip(fabric, model, fabric_optimizer)
                 fabric_optimizer.step()
                 steps += 1
-                epoch_loss, epoch_batches = epoch_loss + loss.detach(), epoch_batches + 1
+                epoch_batches += 1
+                if monitored:
+                    epoch_loss = epoch_loss + loss.detach()
                 # Lightning counts step-interval frequencies by the batch index within the epoch
                 _step_schedulers(schedulers, "step", batch_idx + 1, epoch_loss / epoch_batches)
                 if steps == max_steps:
@@ -224,6 +228,11 @@ class ClientFitter:
             fabric.clip_gradients(model, optimizer, clip_val=value)
         else:
             fabric.clip_gradients(model, optimizer, max_norm=value, error_if_nonfinite=False)
+
+
+def _device_of(model: torch.nn.Module) -> torch.device | None:
+    parameter = next(model.parameters(), None)
+    return None if parameter is None else parameter.device
 
 
 def _step_schedulers(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 
@@ -37,5 +38,11 @@ def seed_fit(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_available():
+    if _cuda_available():
         torch.cuda.manual_seed_all(seed)
+
+
+@functools.cache
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once: it loads NVML through ctypes on every call."""
+    return torch.cuda.is_available()
