@@ -82,7 +82,7 @@ def _run(
     loop = FederatedLoop(
         rounds=rounds, clients_per_round=4, aggregator=aggregator or recording(FedAvg),
         run_dir=str(tmp_path / f"cohort-{cohort}"), progress_bar=False, plots=False,
-        backend=CohortBackend() if cohort else SequentialBackend(), **loop_kwargs,
+        **{"backend": CohortBackend() if cohort else SequentialBackend(), **loop_kwargs},
     )  # fmt: skip
     loop.fit(model, datamodule=dm)
     return loop
@@ -343,3 +343,39 @@ def test_ray_backend_without_ray_says_how_to_install(monkeypatch):
 
     with pytest.raises(ConfigurationError, match=r"fedlightning\[ray\]"):
         _ray()
+
+
+class FakeFabric:
+    def __init__(self, **kwargs):
+        self.device = torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("make", "on_gpu", "chosen", "reason"),
+    [
+        (lambda: ClientModule(**SYNTHETIC), False, SequentialBackend, "on the CPU"),
+        (lambda: ScaffoldClient(**SYNTHETIC), True, CohortBackend, "vectorized"),
+        (lambda: Manual(**SYNTHETIC), True, SequentialBackend, "manual optimization"),
+        (lambda: Scheduled(**SYNTHETIC), True, SequentialBackend, "LR schedulers"),
+    ],
+)
+def test_auto_backend_chooses_the_cohort_only_on_an_accelerator_where_it_applies(
+    make, on_gpu, chosen, reason, monkeypatch, capsys
+):
+    from fedlightning.backends import AutoBackend
+    from fedlightning.protocol import FitConfig
+
+    if on_gpu:
+        monkeypatch.setattr("fedlightning.backends.auto.Fabric", FakeFabric)
+    backend = AutoBackend()
+    backend.check(make(), FitConfig(accelerator="cpu"))
+    assert type(backend.chosen) is chosen and reason in backend.reason
+    assert f"backend: auto chose {chosen.__name__}" in capsys.readouterr().err
+
+
+def test_the_loop_defaults_to_auto_and_runs_sequential_fits_on_the_cpu(tmp_path):
+    from fedlightning.backends import AutoBackend
+
+    loop = _run(ClientModule(**SYNTHETIC), False, tmp_path, backend=None, rounds=1)
+    assert isinstance(loop.backend, AutoBackend)
+    assert isinstance(loop.backend.chosen, SequentialBackend)
