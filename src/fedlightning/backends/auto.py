@@ -3,9 +3,10 @@
 The rule, decided once at start-up and logged (``backend: auto chose ...``):
 
 1. on the CPU: always :class:`SequentialBackend`. A CPU runs one client's matrix products at
-   near its full rate already, so stacking clients gains nothing and the vmap bookkeeping costs
-   (measured: the quickstart's cohort rounds take 1.8x the sequential ones; ``benchmarks/cohort.py``
-   prints the ratio on any machine);
+   near its full rate already, so stacking clients gains little and the vmap bookkeeping can cost
+   more than it saves (the issue measured the quickstart's cohort rounds at 1.8x the sequential
+   ones; ``benchmarks/cohort.py`` prints the ratio on any machine). Sequential is never the slower
+   choice by much, and it is bitwise the path the tests pin down;
 2. on an accelerator: :class:`CohortBackend` when its ``check`` accepts the objective, optimizer,
    precision and network; otherwise :class:`SequentialBackend`, with the cohort's refusal as the
    reason in the log line. There a small model is latency-bound and one vmapped step for all
