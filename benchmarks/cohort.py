@@ -105,7 +105,7 @@ def by_hand(args, workload, vectorized: bool):
     device = torch.device(args.accelerator)
     dm, model = make(args, workload)
     net = model.network.to(device).train()
-    weights = {k: v.detach().to(device) for k, v in net.state_dict().items()}
+    weights = {k: v.detach().to(device, copy=True) for k, v in net.state_dict().items()}
     names = [n for n, _ in net.named_parameters()]
     autocast = AUTOCAST.get(args.precision)
     times = []
