@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test test-all bench lint clean
+.PHONY: help install demo test test-all bench bench-peers lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -28,6 +28,16 @@ test-all: install  ## every test, including those marked slow (Ray, SIGKILL resu
 bench: install  ## loop overhead against a hand-written PyTorch loop, and scaling tables
 	$(PY) benchmarks/overhead.py --threads 1 --repeats 3
 	$(PY) benchmarks/scaling.py
+
+PEERS := .venv-peers
+bench-peers: install  ## Flower 1.42 in its own .venv-peers (sees .venv's torch), then benchmarks/cohort.py
+	$(PYTHON) -m venv $(PEERS)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > "$$($(PEERS)/bin/python -c 'import site; print(site.getsitepackages()[0])')/_fedlightning.pth"
+	$(PEERS)/bin/pip install --quiet --no-deps flwr==1.42.0
+	$(PEERS)/bin/pip install --quiet alembic cryptography fastapi grpcio grpcio-health-checking iterators \
+		pathspec pycryptodome sqlalchemy starlette tomli tomli-w typer uvicorn 'protobuf>=5.28,<7' \
+		'rich>=14,<15' 'packaging<26'
+	$(PY) benchmarks/cohort.py --quick
 
 lint: install  ## ruff lint and format check
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,25 +1,37 @@
 """The cohort backend: all sampled clients of a round trained at once with ``torch.func``.
 
-The clients' parameters (and SGD momentum buffers) are stacked along a leading client axis, and
-one ``vmap(grad_and_value(...))`` of the objective's own :meth:`ClientModule.local_loss`, called
-through ``functional_call`` on each client's slice, gives every client's gradient per step. Each
-client sees exactly the batches of its sequential fit (same shuffles, same number of steps);
-clients whose current batch has another size (a shorter last batch) are vmapped in a group of
-their own, so no padding changes the objective; a client that has run out of steps keeps its
-parameters. After training, each client's :meth:`ClientModule.end_client` runs on its trained
-weights as in a sequential fit. The result equals the sequential fits up to floating-point
-reassociation.
+For each client, ``begin_client`` runs as in a sequential fit and the objective's tensors are
+read (:mod:`fedlightning.backends.cohort_state`): parameters, buffers, the round context its
+``round_context`` attributes name, and its fresh optimizer's state. These are stacked along a
+leading client axis, and one ``vmap(grad_and_value(...))`` of the objective's own
+:meth:`ClientModule.local_loss`, called through ``functional_call`` on each client's slice, gives
+every client's gradient (and updated BatchNorm buffers) per step; the optimizer step, clipping and
+``16-mixed`` scaling are per client (:mod:`fedlightning.backends.cohort_optim`). Each client sees
+exactly the batches of its sequential fit; clients whose current batch has another size (a shorter
+last batch) are vmapped in a group of their own, so no padding changes the objective; a client
+that has run out of steps keeps its parameters and optimizer state. Clients of different
+architectures (``model.networks``) are one cohort per architecture, run back to back. After
+training, each client's ``begin_client`` runs again, its trained tensors and optimizer state are
+loaded, and its ``end_client(num_steps)`` gives the upload as in a sequential fit.
 
-Covered here: objectives whose round context comes from the payload alone (``ClientModule``,
-``FedProx``, ``FedNovaClient``, user objectives that override ``local_loss``), one shared payload
-per round, SGD (momentum, weight decay) without LR schedulers, full precision, networks without
-BatchNorm or dropout, homogeneous clients. Anything else is refused before training with the
-reason.
+Equality with the sequential backend: up to floating-point reassociation for every objective,
+optimizer, BatchNorm and precision covered here. Dropout masks are drawn with
+``vmap(randomness="different")`` from the global generator, seeded per round and architecture
+group from ``(seed, "cohort", round, group)``: runs are deterministic and clients' masks are
+independent, but they are not the masks a sequential fit draws (no per-client generator exists
+inside one vmapped call), so with dropout the two backends agree in distribution only.
+
+Refused before training, with the reason: objectives that need a Lightning Trainer (manual
+optimization, overridden hooks), LR schedulers, optimizers other than SGD/Adam/AdamW (or with
+dampening, amsgrad, maximize), ``64-true``, BatchNorm under mixed precision on the CPU (no vmap
+rule there). A ``local_loss`` that cannot be vmapped (data-dependent Python control flow, ``.item()``)
+is refused with vmap's message at its first step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,6 +40,13 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.backends.cohort_optim import (
+    StackedOptimizer,
+    StackedScaler,
+    clip_gradients,
+    optimizer_refusal,
+)
+from fedlightning.backends.cohort_state import ContextLoss, snapshot
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import split_optimizers, trainer_reason
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
@@ -37,122 +56,162 @@ if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
 
-COHORT_PRECISIONS = ("32-true", "32")
+COHORT_PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed")
+_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
-class _Loss(nn.Module):
-    """``forward(batch) = objective.local_loss(batch)``, so that ``functional_call`` can run the
-    objective's own loss on one client's parameters."""
-
-    def __init__(self, objective: ClientModule) -> None:
-        super().__init__()
-        self.objective = objective
-
-    def forward(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        return self.objective.local_loss(batch)
+def _refuse(reason: str) -> None:
+    raise ConfigurationError(
+        f"loop.backend=CohortBackend cannot train this run: {reason}; "
+        "use the SequentialBackend (the default)"
+    )
 
 
 class CohortBackend(Backend):
     """Trains every sampled client of a round at once (see the module docstring)."""
 
     def check(self, model: ClientModule, config: FitConfig) -> None:
-        def refuse(reason: str) -> None:
-            raise ConfigurationError(
-                f"loop.backend=CohortBackend cannot train this run: {reason}; "
-                "use the SequentialBackend (the default)"
-            )
-
         reason = trainer_reason(model, config.precision)
         if reason is not None:
-            refuse(f"it vectorizes local_loss, and {reason}")
-        if model.loss_uses_client_state:
-            refuse(f"{type(model).__name__}'s local loss depends on each client's own state")
+            _refuse(f"it vectorizes local_loss, and {reason}")
         if config.precision not in COHORT_PRECISIONS:
-            refuse(f"it trains in full precision only, got loop.precision={config.precision!r}")
-        if config.gradient_clip_val is not None:
-            refuse("it does not clip gradients (loop.gradient_clip_val is set)")
-        if model.groups:
-            refuse("the clients train different architectures (model.networks)")
+            _refuse(f"it trains in {', '.join(COHORT_PRECISIONS)}, got {config.precision!r}")
         optimizer, schedulers = split_optimizers(model.configure_optimizers())
-        group = optimizer.param_groups[0]
-        if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
-            refuse(f"it implements SGD only, got {type(optimizer).__name__}")
-        if group["nesterov"] or group["dampening"] or schedulers:
-            refuse("it implements SGD without Nesterov, dampening or LR schedulers")
-        for name, module in model.network.named_modules():
-            if isinstance(module, nn.modules.batchnorm._NormBase):
-                refuse(f"the network's {name} ({type(module).__name__}) keeps batch statistics")
-            if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
-                refuse(f"the network's {name} ({type(module).__name__}) draws random masks")
-        self.hyper = (group["lr"], group["momentum"], group["weight_decay"])
+        refusal = optimizer_refusal(optimizer)
+        if refusal is not None:
+            _refuse(refusal)
+        if schedulers:
+            _refuse("it does not step LR schedulers")
+        device = Fabric(accelerator=config.accelerator, devices=1).device
+        if config.precision in _AUTOCAST and device.type == "cpu":
+            for name, module in model.named_modules():
+                if isinstance(module, nn.modules.batchnorm._NormBase):
+                    _refuse(f"{name} ({type(module).__name__}) under {config.precision} on the CPU")
+        self.checked = True
 
     def start(
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
     ) -> None:
-        if not hasattr(self, "hyper"):
+        if not getattr(self, "checked", False):
             self.check(model, config)
         self.model, self.dm, self.config = model, datamodule, config
         self.device = Fabric(accelerator=config.accelerator, devices=1).device
         datamodule.place_training_data(self.device)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
-        model, config = self.model.to(self.device).train(), self.config
-        first = jobs[0].payload
-        if any(job.payload.weights is not first.weights for job in jobs):
-            raise ConfigurationError(
-                "loop.backend=CohortBackend cannot train this run: the aggregator sends clients "
-                "different models (e.g. FedCross); use the SequentialBackend"
-            )
-        model.begin_client(jobs[0].client_id, first, jobs[0].state)  # the shared round context
-        wrapper = _Loss(model)
-        named = dict(wrapper.named_parameters())
-        trainable = [n for n, p in named.items() if p.requires_grad]
-        prefix = "objective.network."
-        params = {n: _stack([job.payload.weights[n[len(prefix):]] for job in jobs], self.device) for n in trainable}  # fmt: skip
-        # frozen parameters and persistent buffers: each client's copy from its payload
-        fixed = {
-            prefix + k: _stack([job.payload.weights[k] for job in jobs], self.device)
-            for k in first.weights
-            if prefix + k not in params
-        }
-        step = vmap(grad_and_value(lambda p, f, batch: functional_call(wrapper, (p, f), (batch,))))
+        groups: dict[frozenset[str], list[ClientJob]] = {}
+        for job in jobs:  # one cohort per architecture (state_dict key set), back to back
+            groups.setdefault(frozenset(job.payload.weights), []).append(job)
+        results: RoundResults = {}
+        for number, cohort in enumerate(groups.values()):
+            results.update(self._run_cohort(round_index, number, cohort))
+        # the global RNG as a sequential round leaves it: seeded for the last client's fit
+        seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))
+        return results
+
+    def _begin(self, round_index: int, job: ClientJob) -> None:
+        seed_fit(derive_seed(self.config.seed, "fit", round_index, job.client_id))
+        self.model.begin_client(job.client_id, job.payload, job.state)
+        self.model.train()
+
+    def _run_cohort(self, round_index: int, number: int, jobs: list[ClientJob]) -> RoundResults:
+        model, config, device = self.model.to(self.device), self.config, self.device
+        snaps, optimizers, names = [], [], []
+        wrapper: ContextLoss | None = None
+        for job in jobs:
+            self._begin(round_index, job)
+            wrapper = wrapper or ContextLoss(model)
+            snaps.append(snapshot(wrapper))
+            optimizer = split_optimizers(model.configure_optimizers())[0]
+            optimizers.append(optimizer)
+            names.append({id(p): f"objective.{n}" for n, p in model.named_parameters()})
+        assert wrapper is not None
+        params, buffers, context = (
+            {k: torch.stack([s[part][k] for s in snaps]).to(device) for k in snaps[0][part]}
+            for part in range(3)
+        )
+        # the optimizer's parameters are trained; the others are fixed inputs of the loss
+        trained = [names[0][id(p)] for g in optimizers[0].param_groups for p in g["params"]]
+        trainable = {n: params[n] for n in trained}
+        fixed = {n: p for n, p in params.items() if n not in trainable}
+        modules = {k: v for k, v in context.items() if k.startswith("context_modules.")}
+        tensors = {k: v for k, v in context.items() if k not in modules}
+        optim = StackedOptimizer.stack(optimizers, names, params)
+        del snaps, optimizers
+
+        def loss(p, f, b, m, t, scale, batch):
+            b = {k: v.clone() for k, v in b.items()}  # updated in place by BatchNorm, returned
+            value = functional_call(wrapper, {**p, **f, **b, **m}, (batch, t))
+            return value * scale, (value.detach(), b)
+
+        step = vmap(grad_and_value(loss, has_aux=True), randomness="different")
+        scaler = StackedScaler(len(jobs), device) if config.precision == "16-mixed" else None
+        dtype = _AUTOCAST.get(config.precision)
+        autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
+        seed_fit(derive_seed(config.seed, "cohort", round_index, number))  # dropout masks
         streams = [_batches(self.dm, config, round_index, job.client_id) for job in jobs]
         steps = torch.zeros(len(jobs), dtype=torch.long)
         loss_sums = torch.zeros(len(jobs), dtype=torch.float64)
-        momentum_buffers: list[Tensor] = []
+        ones = torch.ones(len(jobs), device=device)
         while True:
             batches = [next(s, None) for s in streams]
-            active = [i for i, b in enumerate(batches) if b is not None]
-            if not active:
+            active_ids = [i for i, b in enumerate(batches) if b is not None]
+            if not active_ids:
                 break
-            grads = {n: torch.zeros_like(p) for n, p in params.items()}
-            for group in _by_size(batches, active):
-                index = torch.tensor(group, device=self.device)
+            grads = {n: torch.zeros_like(p) for n, p in trainable.items()}
+            finite = torch.ones(len(jobs), dtype=torch.bool, device=device)
+            for group in _by_size(batches, active_ids):
+                index = torch.tensor(group, device=device)
                 batch = tuple(
-                    torch.stack([batches[i][j] for i in group]).to(self.device) for j in range(2)
+                    torch.stack([batches[i][j] for i in group]).to(device) for j in range(2)
                 )
-                sub_p = {n: p[index] for n, p in params.items()}
-                sub_f = {n: f[index] for n, f in fixed.items()}
-                g, values = step(sub_p, sub_f, batch)
+                scale = scaler.scale[index] if scaler else ones[index]
+                parts = (trainable, fixed, buffers, modules, tensors)
+                sub = [{n: x[index] for n, x in part.items()} for part in parts]
+                try:
+                    with autocast:
+                        g, (_, (values, new_buffers)) = step(*sub, scale, batch)
+                except RuntimeError as error:  # e.g. data-dependent control flow in local_loss
+                    if "vmap" not in str(error) and "functorch" not in str(error):
+                        raise
+                    _refuse(f"{type(model).__name__}.local_loss cannot be vmapped ({error})")
+                if scaler:
+                    g, ok = scaler.unscale(g, index)
+                    finite[index] = ok
+                if config.gradient_clip_val is not None:
+                    g = clip_gradients(g, config.gradient_clip_val, config.gradient_clip_algorithm)
                 for n in grads:
                     grads[n][index] = g[n]
-                loss_sums[group] += values.detach().cpu().double()
-            mask = torch.zeros(len(jobs), dtype=torch.bool)
-            mask[active] = True
-            with torch.no_grad():
-                _sgd_step(
-                    [params[n] for n in trainable], [grads[n] for n in trainable], momentum_buffers,
-                    mask.to(self.device), *self.hyper,
-                )  # fmt: skip
-            steps += mask.long()
-        # the global RNG as a sequential round leaves it: seeded for the last client's fit
-        seed_fit(derive_seed(config.seed, "fit", round_index, jobs[-1].client_id))
-        results: RoundResults = {}
+                for n in buffers:
+                    buffers[n][index] = new_buffers[n]
+                loss_sums[group] += values.detach().float().cpu().double()
+            active = torch.zeros(len(jobs), dtype=torch.bool, device=device)
+            active[active_ids] = True
+            optim.step(trainable, grads, active & finite)
+            if scaler:
+                scaler.update(finite, active)
+            steps[active_ids] += 1
+        return self._finish(round_index, jobs, wrapper, params, buffers, optim, steps, loss_sums)
+
+    def _finish(self, round_index, jobs, wrapper, params, buffers, optim, steps, loss_sums):
+        model, results = self.model, {}
         for i, job in enumerate(jobs):
-            model.begin_client(job.client_id, job.payload, job.state)
-            trained = {n[len(prefix) :]: p[i] for n, p in params.items()}
-            model.network.load_state_dict({**job.payload.weights, **trained})
+            self._begin(round_index, job)
+            with torch.no_grad():
+                for n, p in wrapper.named_parameters():
+                    if n in params:
+                        p.copy_(params[n][i])
+                for n, b in wrapper.named_buffers():
+                    if n in buffers:
+                        b.copy_(buffers[n][i])
+            optimizer = split_optimizers(model.configure_optimizers())[0]
+            by_id = {id(p): f"objective.{n}" for n, p in model.named_parameters()}
             num_steps = int(steps[i])
+            for p in (p for g in optimizer.param_groups for p in g["params"]):
+                name = by_id[id(p)]
+                if name in optim.state:
+                    had = dict(optimizer.state.get(p, {}))
+                    optimizer.state[p] = optim.client_state(name, i, num_steps > 0, had)
             weights, extras, state = model.end_client(num_steps)
             metrics = {"train_loss": float(loss_sums[i]) / num_steps} if num_steps else {}
             upload = Upload(
@@ -163,50 +222,12 @@ class CohortBackend(Backend):
         return results
 
 
-def _stack(tensors: Sequence[Tensor], device: torch.device) -> Tensor:
-    return torch.stack(list(tensors)).to(device)
-
-
 def _by_size(batches: Sequence[Any], active: Sequence[int]) -> list[list[int]]:
     """The active clients grouped by the size of their current batch (one vmap per group)."""
     groups: dict[int, list[int]] = {}
     for i in active:
         groups.setdefault(len(batches[i][1]), []).append(i)
     return list(groups.values())
-
-
-def _sgd_step(
-    params: list[Tensor],
-    grads: list[Tensor],
-    buffers: list[Tensor],
-    active: Tensor,
-    lr: float,
-    momentum: float,
-    weight_decay: float,
-) -> None:
-    """One ``torch.optim.SGD`` step (dampening 0, no Nesterov) on stacked per-client tensors, in
-    place and with SGD's own operations; clients not ``active`` keep their parameters and buffers.
-    ``buffers`` is empty before the first step (every client's first step: buffer = gradient)."""
-    if not bool(active.all()):  # some clients are done: step a copy and keep their rows
-        old_params, old_buffers = [p.clone() for p in params], [b.clone() for b in buffers]
-        _sgd_step(params, grads, buffers, torch.ones_like(active), lr, momentum, weight_decay)
-        for new, old in (
-            *zip(params, old_params, strict=True),
-            *zip(buffers, old_buffers, strict=True),
-        ):
-            keep = active.view(-1, *([1] * (new.ndim - 1)))
-            new.copy_(torch.where(keep, new, old))
-        return
-    if weight_decay:
-        grads = torch._foreach_add(grads, params, alpha=weight_decay)
-    if momentum:
-        if buffers:
-            torch._foreach_mul_(buffers, momentum)
-            torch._foreach_add_(buffers, grads)
-        else:
-            buffers.extend(g.clone() for g in grads)
-        grads = buffers
-    torch._foreach_add_(params, grads, alpha=-lr)
 
 
 def _batches(

@@ -67,9 +67,18 @@ class ClientModule(pl.LightningModule):
     #: Lightning precisions this objective can train with (``None``: any), checked at start-up
     supported_precisions: ClassVar[frozenset[str] | None] = None
     #: whether :meth:`local_loss` reads the client's persistent state (SCAFFOLD's ``c_i``, MOON's
-    #: previous model, FML's personal model); the cohort backend vectorizes only objectives whose
-    #: round context is the shared payload
+    #: previous model, FML's personal model)
     loss_uses_client_state: ClassVar[bool] = False
+    #: the round-context contract for vectorized fits: names of the attributes that
+    #: :meth:`begin_client` sets to this client's round context and :meth:`local_loss` reads, other
+    #: than parameters and buffers of the module (those are per-client already). Each attribute
+    #: holds a Tensor, an ``nn.Module`` (frozen, e.g. MOON's global model) or a dict of either
+    #: (SCAFFOLD's ``c - c_i`` per parameter). The cohort backend reads them after each client's
+    #: ``begin_client``, stacks them across clients and, inside its ``vmap``, binds each client's
+    #: slice in their place while ``local_loss`` runs (:mod:`fedlightning.backends.cohort_state`).
+    #: An objective that keeps round context elsewhere trains the same sequentially but would use
+    #: the last client's context for the whole cohort: list every such attribute here.
+    round_context: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,

@@ -76,6 +76,7 @@ class MOON(ClientModule):
     """
 
     loss_uses_client_state: ClassVar[bool] = True
+    round_context: ClassVar[tuple[str, ...]] = ("_frozen",)
 
     def __init__(
         self, mu: float = 1.0, tau: float = 0.5, projection_dim: int = 256, **kwargs: Any

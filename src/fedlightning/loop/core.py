@@ -18,8 +18,8 @@ import torch
 from lightning.fabric import Fabric
 from lightning.pytorch.loggers import Logger
 
+from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend
-from fedlightning.backends.sequential import SequentialBackend
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError, RunStopped, require
@@ -60,7 +60,8 @@ class FederatedLoop:
         local_epochs: local epochs E per client fit.
         local_steps: if set, train exactly this many optimizer steps per fit instead of epochs.
         aggregator: the server algorithm (default ``FedAvg()``).
-        backend: how a round's client fits run (default ``SequentialBackend()``; also
+        backend: how a round's client fits run (default ``AutoBackend()``: sequential on the CPU,
+            the cohort on an accelerator where it applies; also ``SequentialBackend``,
             ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it.
         precision: Lightning precision of every client fit and evaluation.
         accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...).
@@ -167,12 +168,12 @@ class FederatedLoop:
         )  # fmt: skip
         require(
             backend is None or isinstance(backend, Backend),
-            "loop.backend", backend, "a Backend (SequentialBackend, CohortBackend, RayBackend)",
+            "loop.backend", backend, "a Backend (AutoBackend, SequentialBackend, CohortBackend, RayBackend)",
         )  # fmt: skip
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.aggregator = aggregator if aggregator is not None else FedAvg()
-        self.backend = backend if backend is not None else SequentialBackend()
+        self.backend = backend if backend is not None else AutoBackend()
         self.fit_config = FitConfig(
             local_epochs=local_epochs, local_steps=local_steps, precision=precision,
             accelerator=accelerator, seed=seed, gradient_clip_val=gradient_clip_val,
