@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
 from fedlightning.errors import ConfigurationError
+from fedlightning.loop.distribution import accuracy_distribution
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
 from fedlightning.state import ClientStore
@@ -62,7 +63,8 @@ class FML(ClientModule):
     ClientStore, while the meme's is fresh every round. Steps (and ``local_steps``) count batches.
 
     :meth:`evaluate_clients` reports ``personal_acc``: each participating client's personal model
-    on its own validation split, averaged over those clients (unweighted, like ``val_acc``).
+    on its own validation split, averaged over those clients (unweighted, like ``val_acc``), and
+    ``personal_acc_all``: the same over every client that holds a personal model.
 
     Args:
         alpha: weight of the personal model's CE against its KL to the meme, in [0, 1].
@@ -174,26 +176,36 @@ class FML(ClientModule):
         val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
         device: torch.device,
     ) -> dict[str, float]:
-        """``personal_acc``: the mean over ``client_ids`` of each personal model's accuracy on its
-        client's validation split (clients without validation samples are left out)."""
+        """Personal models on their own clients' validation splits (clients without validation
+        samples left out):
+
+        * ``personal_acc``: the mean over this round's ``client_ids``;
+        * ``personal_acc_all`` (with ``_weighted``, ``_std``, ``_min``, ``_worst10``: the
+          distribution of :mod:`fedlightning.loop.distribution`): every client that holds a
+          personal model, i.e. every client that has trained at least once, sampled this round or
+          not (``personal_clients`` counts them).
+        """
         model = self.personal.to(device).eval()
         dtype = next(model.parameters()).dtype
-        accuracies = []
+        everyone = [cid for cid in store.client_ids() if "personal" in store.get(cid)]
+        hits: dict[int, tuple[int, int]] = {}
         with torch.no_grad():
-            for cid in client_ids:
-                state = store.get(cid)
-                if "personal" not in state:
-                    continue
-                model.load_state_dict(state["personal"])
+            for cid in everyone:
+                model.load_state_dict(store.get(cid)["personal"])
                 correct, count = 0, 0
                 for x, y in val_dataloader(cid):
                     prediction = model(x.to(device, dtype)).argmax(dim=1)
                     correct += int((prediction == y.to(device)).sum())
                     count += len(y)
-                if count:
-                    accuracies.append(correct / count)
+                hits[cid] = (correct, count)
         model.train()
-        return {"personal_acc": sum(accuracies) / len(accuracies)} if accuracies else {}
+        sampled = [hits[c][0] / hits[c][1] for c in client_ids if c in hits and hits[c][1]]
+        results = {"personal_acc": sum(sampled) / len(sampled)} if sampled else {}
+        if everyone:
+            counts = torch.tensor([hits[c] for c in everyone], dtype=torch.float64)
+            results.update(accuracy_distribution(counts[:, 0], counts[:, 1], "personal_acc_all"))
+            results["personal_clients"] = float(len(everyone))
+        return results
 
 
 def _copy(value: Any, device: str | torch.device | None = None) -> Any:

@@ -1,0 +1,148 @@
+"""The metrics the papers plot: communication bytes (against a hand count), rounds to a target
+accuracy, the per-client accuracy distribution and FML's personal accuracy of every client."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning.clients import FML, ClientModule, ScaffoldClient
+from fedlightning.loop.communication import message_bytes, nbytes
+from fedlightning.loop.distribution import accuracy_distribution
+from fedlightning.protocol import Payload, Upload
+from fedlightning.server import FedAvg, FedCross, Scaffold
+from objective_helpers import SYNTHETIC, synthetic_run
+
+
+def _rows(run_dir):
+    with open(run_dir / "metrics.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _param_bytes(model) -> int:
+    # hand count: 4 bytes per float32 entry of every state_dict tensor
+    return sum(4 * v.numel() for v in model.network.state_dict().values())
+
+
+def test_nbytes_walks_extras():
+    payload = Payload(
+        {"w": torch.zeros(3, 2)}, extras={"c": {"a": torch.zeros(5, dtype=torch.float64)}, "n": 1}
+    )
+    assert message_bytes(payload) == 3 * 2 * 4 + 5 * 8 + 8
+    assert nbytes([torch.zeros(2, dtype=torch.int64), None, "ab"]) == 16 + 0 + 2
+    with pytest.raises(TypeError):
+        nbytes(object())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedcross"])
+def test_fedavg_and_fedcross_bytes_match_a_hand_count(name, tmp_path):
+    model = ClientModule(**SYNTHETIC)
+    aggregator = FedAvg() if name == "fedavg" else FedCross()
+    synthetic_run(model, aggregator, rounds=3, tmp_path=tmp_path)
+    p = _param_bytes(model)
+    rows = _rows(tmp_path)
+    assert len(rows) == 3
+    for r, row in enumerate(rows, start=1):
+        # 2 clients per round, each receives one model and uploads one (FedCross: FedAvg's cost)
+        assert int(row["comm_sent_bytes"]) == 2 * p
+        assert int(row["comm_received_bytes"]) == 2 * p
+        assert int(row["comm_sent_total"]) == r * 2 * p
+        assert int(row["comm_received_total"]) == r * 2 * p
+
+
+def test_scaffold_bytes_add_the_control_variates(tmp_path):
+    model = ScaffoldClient(**SYNTHETIC)
+    synthetic_run(model, Scaffold(), rounds=2, tmp_path=tmp_path)
+    p = _param_bytes(model)  # the MLP has only trainable float parameters: |c| = |delta_c| = |w|
+    for row in _rows(tmp_path):
+        assert int(row["comm_sent_bytes"]) == 2 * (p + p)  # weights + c
+        assert int(row["comm_received_bytes"]) == 2 * (p + p)  # weights + delta_c
+
+
+def test_failed_client_sends_nothing_back():
+    from fedlightning.loop.communication import CommunicationMeter
+    from fedlightning.protocol import ClientJob, FitResult
+
+    w = {"w": torch.zeros(10)}
+    jobs = [ClientJob(0, c, Payload(w), {}) for c in (0, 1)]
+    results = {0: FitResult(Upload(0, w, 5, 1), {}), 1: RuntimeError("boom")}
+    assert CommunicationMeter().count(jobs, results) == {
+        "comm_sent_bytes": 80, "comm_received_bytes": 40, "comm_sent_total": 80, "comm_received_total": 40,
+    }  # fmt: skip
+
+
+def test_totals_survive_a_resume(tmp_path):
+    dm = FederatedDataModule(
+        dataset="synthetic", num_samples=240, num_test=60, num_classes=3, sample_shape=(6,), num_clients=4,
+        partition="iid",
+    )  # fmt: skip
+    model = ClientModule(**SYNTHETIC)
+    FederatedLoop(rounds=2, clients_per_round=2, run_dir=str(tmp_path), progress_bar=False).fit(
+        model, datamodule=dm
+    )
+    loop = FederatedLoop(rounds=3, clients_per_round=2, run_dir=str(tmp_path), progress_bar=False)
+    loop.fit(model, datamodule=dm, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert loop.history[-1]["comm_sent_total"] == 3 * 2 * _param_bytes(model)
+
+
+def test_accuracy_distribution_by_hand():
+    correct = torch.tensor([1.0, 3.0, 0.0, 8.0, 0.0])
+    counts = torch.tensor([2.0, 4.0, 0.0, 8.0, 5.0])  # client 2 has no samples: left out
+    accs = [0.5, 0.75, 1.0, 0.0]
+    out = accuracy_distribution(correct, counts, "val_acc")
+    mean = sum(accs) / 4
+    assert out["val_acc"] == pytest.approx(mean)
+    assert out["val_acc_weighted"] == pytest.approx(12 / 19)
+    assert out["val_acc_std"] == pytest.approx(math.sqrt(sum((a - mean) ** 2 for a in accs) / 4))
+    assert out["val_acc_min"] == 0.0
+    assert out["val_acc_worst10"] == 0.0  # ceil(4 / 10) = 1 client
+    twelve = accuracy_distribution(torch.arange(12.0), torch.full((12,), 11.0), "a")
+    assert twelve["a_worst10"] == pytest.approx((0 + 1) / 2 / 11)  # ceil(12 / 10) = 2 clients
+
+
+def test_target_acc_through_the_cli(cli, tmp_path):
+    rows = cli(tmp_path, "--loop.target_acc", "0.5", "--loop.rounds", "5")
+    accs = [float(r["test_acc"]) for r in rows]
+    first = next((i for i, a in enumerate(accs) if a >= 0.5), None)
+    assert first is not None, accs  # digits passes 50% within 5 rounds of the tiny config
+    assert float(rows[first]["rounds_to_target"]) == first + 1
+    assert float(rows[-1]["rounds_to_target"]) == first + 1
+    assert (
+        0
+        < float(rows[-1]["time_to_target_s"])
+        <= sum(float(r["round_time_s"]) for r in rows[: first + 1]) + 1e-6
+    )
+    assert all(r["rounds_to_target"] == "" for r in rows[:first])
+    for key in ("val_acc_weighted", "val_acc_std", "val_acc_min", "val_acc_worst10"):
+        assert 0.0 <= float(rows[-1][key]) <= 1.0
+    assert float(rows[-1]["val_acc_min"]) <= float(rows[-1]["val_acc"])
+
+
+def test_target_never_reached_is_nan(cli, tmp_path):
+    rows = cli(
+        tmp_path, "--loop.target_acc", "1.0", "--loop.rounds", "2", "--loop.local_epochs", "1"
+    )
+    assert math.isnan(float(rows[-1]["rounds_to_target"]))
+
+
+def test_bad_target_acc_exits_2(cli, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli(tmp_path, "--loop.target_acc", "97")
+    assert exit_info.value.code == 2
+    assert "loop.target_acc" in capsys.readouterr().err
+
+
+def test_fml_personal_accuracy_of_every_client(tmp_path):
+    model = FML(**SYNTHETIC)
+    loop = synthetic_run(model, FedAvg(weighting="uniform"), rounds=3, tmp_path=tmp_path)
+    from fedlightning.loop.sampling import sample_clients
+
+    seen = {c for r in range(3) for c in sample_clients(0, r, 4, 2)}
+    last = loop.history[-1]
+    assert last["personal_clients"] == len(seen) > 2  # more than this round's 2 clients
+    assert 0.0 <= last["personal_acc_all_min"] <= last["personal_acc_all"] <= 1.0
+    assert loop.store.client_ids() == sorted(seen)
