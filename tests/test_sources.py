@@ -105,3 +105,30 @@ def test_malformed_leaf_json_names_the_file(tmp_path):
         load_source("femnist", root=tmp_path)
     with pytest.raises(ConfigurationError, match="LEAF json not found"):
         load_source("femnist", root=tmp_path / "nowhere")
+
+
+def test_mnist5k_is_real_offline_mnist():
+    split = load_source("mnist5k")
+    assert split.train_x.shape == (4000, 1, 28, 28) and split.test_x.shape == (1000, 1, 28, 28)
+    assert torch.bincount(split.train_y).tolist() == [400] * 10  # stratified 80/20 of 500 a class
+    assert torch.bincount(split.test_y).tolist() == [100] * 10
+    assert abs(float(split.train_x.mean())) < 1e-4
+    assert torch.equal(load_source("mnist5k").test_x, split.test_x)  # fixed test set
+    # real digits: a nearest-class-mean classifier is far above chance (10%)
+    means = torch.stack([split.train_x[split.train_y == c].mean(0) for c in range(10)]).flatten(1)
+    pred = torch.cdist(split.test_x.flatten(1), means).argmin(1)
+    assert (pred == split.test_y).float().mean() > 0.7
+
+
+def test_mnist5k_non_iid_3_shards_through_the_cli(cli, tmp_path):
+    rows = cli(
+        tmp_path, "--data.dataset", "mnist5k", "--data.num_clients", "5", "--data.partition", "shards",
+        "--data.shards_per_client", "3", "--loop.rounds", "1", "--loop.clients_per_round", "5",
+        "--loop.local_epochs", "1", "--loop.plots", "false",
+    )  # fmt: skip
+    assert float(rows[-1]["test_acc"]) > 0.3
+    table = np.loadtxt(tmp_path / "partition.csv", delimiter=",", skiprows=1, dtype=np.int64)
+    counts = table[:, 1:]  # the training part of each client (val_fraction 0.1 held out)
+    assert 0.85 * 4000 <= counts.sum() <= 4000
+    # FML's Non-IID(3): 3 label-sorted shards of 800 each; a shard spans at most 2 classes
+    assert ((counts > 0).sum(axis=1) <= 6).all() and (counts.max(axis=1) >= 200).all()

