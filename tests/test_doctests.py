@@ -14,7 +14,7 @@ MODULES = [
     "fedlightning.clients.fednova",
     "fedlightning.data.partition",
     "fedlightning.seeding",
-    "fedlightning.server.fedcross",
+    "fedlightning.server.fedcross_maths",
     "fedlightning.server.inco",
     "fedlightning.cofed.voting",
     "fedlightning.cofed.participants",

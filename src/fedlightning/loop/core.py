@@ -32,6 +32,7 @@ from fedlightning.loop.checkpoint import (
 from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
+from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.sampling import clients_per_round, sample_clients
@@ -265,6 +266,9 @@ class FederatedLoop:
         self.aggregator.setup(
             initial, dm.num_clients, self.seed, client_keys=model.client_key_sets(dm.num_clients)
         )
+        needed = self.aggregator.initial_states_needed(per_round)
+        if needed:  # e.g. FedCross(independent_init=True): K independently initialised models
+            self.aggregator.set_initial_states(independent_states(model, needed, self.seed))
         start_round, wandb_id = 0, None
         if ckpt_path:
             start_round, wandb_id = self._restore(ckpt_path, dm)
