@@ -13,6 +13,7 @@ MODULES = [
     "fedlightning.server.functional",
     "fedlightning.clients.fednova",
     "fedlightning.data.partition",
+    "fedlightning.data.validation",
     "fedlightning.seeding",
     "fedlightning.server.fedcross_maths",
     "fedlightning.server.inco",

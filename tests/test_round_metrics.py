@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, ClientModule, ScaffoldClient
+from fedlightning.errors import ConfigurationError
 from fedlightning.loop.communication import message_bytes, nbytes
 from fedlightning.loop.distribution import accuracy_distribution
 from fedlightning.protocol import Payload, Upload
@@ -146,3 +148,70 @@ def test_fml_personal_accuracy_of_every_client(tmp_path):
     assert last["personal_clients"] == len(seen) > 2  # more than this round's 2 clients
     assert 0.0 <= last["personal_acc_all_min"] <= last["personal_acc_all"] <= 1.0
     assert loop.store.client_ids() == sorted(seen)
+
+
+def test_fml_personal_architectures_per_client(tmp_path):
+    dm = FederatedDataModule(
+        dataset="digits", num_clients=5, partition="shards", shards_per_client=3
+    )
+    model = FML(
+        network="mlp", network_kwargs={"hidden": [32]}, personal_networks=["mlp", "lenet5", "cnn"],
+        num_classes=10, in_channels=1, image_size=8, lr=0.05,
+    )  # fmt: skip
+    loop = FederatedLoop(
+        rounds=2, clients_per_round=5, aggregator=FedAvg(weighting="uniform"), run_dir=str(tmp_path), progress_bar=False
+    )
+    loop.fit(model, datamodule=dm)
+    assert [model.personal_name(c) for c in range(5)] == ["mlp", "lenet5", "cnn", "mlp", "lenet5"]
+    keys = {c: set(loop.store.get(c)["personal"]) for c in range(5)}
+    assert (
+        keys[0] == keys[3]
+        and keys[1] == keys[4]
+        and len({frozenset(k) for k in keys.values()}) == 3
+    )
+    assert "features.1.weight" in keys[0] and (32, 64) == tuple(
+        loop.store.get(0)["personal"]["features.1.weight"].shape
+    )
+    assert loop.history[-1]["personal_clients"] == 5
+    with pytest.raises(Exception, match="unknown model 'nope'"):
+        FML(
+            network="mlp",
+            personal_networks=["mlp", "nope"],
+            num_classes=10,
+            in_channels=1,
+            image_size=8,
+        )
+
+
+def test_fml_alpha_1_personal_is_independent_training(tmp_path):
+    """alpha = 1: the personal models train on their own CE only, whatever the meme does."""
+    kwargs = dict(**SYNTHETIC, alpha=1.0)
+    a = synthetic_run(
+        FML(**kwargs, beta=0.5), FedAvg(weighting="uniform"), rounds=2, tmp_path=tmp_path / "a"
+    )
+    b = synthetic_run(
+        FML(**kwargs, beta=1.0), FedAvg(weighting="uniform"), rounds=2, tmp_path=tmp_path / "b"
+    )
+    for cid in a.store.client_ids():
+        pa, pb = a.store.get(cid)["personal"], b.store.get(cid)["personal"]
+        assert all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
+
+
+def test_validation_from_the_test_split():
+    dm = FederatedDataModule(
+        dataset="digits", num_clients=4, partition="shards", shards_per_client=2, val_from_test=0.2
+    )
+    dm.setup("fit")
+    table = dm.partition_table()
+    assert table.sum() == 1437  # clients train on all their samples
+    held = torch.cat(dm._val_idx)
+    test_rows = torch.cat([x for x, _ in dm.test_dataloader()])
+    assert len(held) == 72 and len(test_rows) == 360 - 72  # 1/5 of the test set held out
+    for cid in range(4):
+        _, y = next(iter(dm.client_val_dataloader(cid)))
+        val_classes = set(y.tolist())
+        assert val_classes <= set(np.flatnonzero(table[cid]).tolist())  # its own label distribution
+    x, y, owner = dm.client_val_data()
+    assert len(y) == 72 and torch.equal(y, dm.data.test_y[held])
+    with pytest.raises(ConfigurationError, match="val_from_test"):
+        FederatedDataModule(val_from_test=1.0)
