@@ -215,3 +215,14 @@ def test_validation_from_the_test_split():
     assert len(y) == 72 and torch.equal(y, dm.data.test_y[held])
     with pytest.raises(ConfigurationError, match="val_from_test"):
         FederatedDataModule(val_from_test=1.0)
+
+
+def test_fml_paper_options_through_the_cli(cli, tmp_path):
+    rows = cli(
+        tmp_path, "--model.init_args.personal_networks", "[mlp, lenet5]", "--data.val_from_test", "0.2",
+        "--loop.rounds", "3", "--loop.clients_per_round", "8", config="fml_tiny.yaml",
+    )  # fmt: skip
+    last = rows[-1]
+    assert float(last["personal_clients"]) == 8
+    assert 0.0 <= float(last["personal_acc_all_min"]) <= float(last["personal_acc_all"]) <= 1.0
+    assert float(last["val_acc_weighted"]) > 0.1
