@@ -17,6 +17,7 @@ MODULES = [
     "fedlightning.seeding",
     "fedlightning.server.fedcross_maths",
     "fedlightning.server.inco",
+    "fedlightning.server.inco_pairs",
     "fedlightning.cofed.voting",
     "fedlightning.cofed.participants",
 ]

@@ -321,6 +321,7 @@ class FederatedLoop:
                         "clients_rejected": len(outcome.rejected),
                         "round_time_s": time.perf_counter() - round_start,
                         **traffic,
+                        **self.aggregator.round_metrics(),
                     }
                     self.target.add_time(metrics["round_time_s"])
                     metrics.update(self.target.update(r + 1, metrics, last))

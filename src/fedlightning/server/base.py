@@ -148,6 +148,11 @@ class Aggregator(ABC):
         """Receive the states asked for by :meth:`initial_states_needed`."""
         raise NotImplementedError(f"{type(self).__name__} asks for no initial states")
 
+    def round_metrics(self) -> dict[str, float]:
+        """Server-side statistics of the last aggregated round, added to the loop's metrics row
+        (e.g. InCo's theta/beta); none by default."""
+        return {}
+
     @abstractmethod
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
         """The payload for each sampled client of round ``round_index`` (0-based): the
