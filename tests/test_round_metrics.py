@@ -159,7 +159,11 @@ def test_fml_personal_architectures_per_client(tmp_path):
         num_classes=10, in_channels=1, image_size=8, lr=0.05,
     )  # fmt: skip
     loop = FederatedLoop(
-        rounds=2, clients_per_round=5, aggregator=FedAvg(weighting="uniform"), run_dir=str(tmp_path), progress_bar=False
+        rounds=2,
+        clients_per_round=5,
+        aggregator=FedAvg(weighting="uniform"),
+        run_dir=str(tmp_path),
+        progress_bar=False,
     )
     loop.fit(model, datamodule=dm)
     assert [model.personal_name(c) for c in range(5)] == ["mlp", "lenet5", "cnn", "mlp", "lenet5"]
