@@ -310,7 +310,9 @@ def test_update_training_has_its_own_batch_size(monkeypatch):
     monkeypatch.setattr(participants_module, "TensorBatches", spy)
     recipe = Recipe(optimizer="sgd", lr=0.01, batch_size=50, epochs=1, update_batch_size=1000)
     assert str(recipe) == "sgd lr 0.01 B 50+1000 E 1+1"
-    participant = TorchParticipants(recipes=[recipe], accelerator="cpu").build(0, 3, (1, 8, 8), seed=0)
+    participant = TorchParticipants(recipes=[recipe], accelerator="cpu").build(
+        0, 3, (1, 8, 8), seed=0
+    )
     x, y = torch.randn(60, 1, 8, 8), np.arange(60) % 3
     participant.fit(x, y, seed=0)
     participant.update(x, y, seed=1)
