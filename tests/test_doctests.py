@@ -14,6 +14,7 @@ MODULES = [
     "fedlightning.clients.fednova",
     "fedlightning.data.partition",
     "fedlightning.data.validation",
+    "fedlightning.data.writers",
     "fedlightning.seeding",
     "fedlightning.server.fedcross_maths",
     "fedlightning.server.inco",

@@ -48,6 +48,11 @@ class FederatedDataModule(pl.LightningDataModule):
         resize: resize images to ``resize x resize`` once at load time (e.g. digits for ViTs).
         num_samples, num_test, num_classes, sample_shape, noise: ``synthetic`` only.
         emnist_split: ``emnist`` only (torchvision's split name).
+        writer_min_samples, writer_top_k, writer_test_fraction: ``femnist`` only: keep the
+            writers with at least ``writer_min_samples`` samples (FedCross: 101, "more than
+            100"), then the ``writer_top_k`` with the most (CoFED: 100); with
+            ``writer_test_fraction`` (CoFED: 0.6) each writer's samples are split anew into
+            train/test (:func:`fedlightning.data.sources.load_leaf`).
     """
 
     def __init__(
@@ -73,6 +78,9 @@ class FederatedDataModule(pl.LightningDataModule):
         sample_shape: tuple[int, ...] = (1, 8, 8),
         noise: float = 1.0,
         emnist_split: str = "balanced",
+        writer_min_samples: int = 0,
+        writer_top_k: int | None = None,
+        writer_test_fraction: float | None = None,
     ) -> None:
         super().__init__()
         if dataset not in SOURCES:
@@ -91,6 +99,15 @@ class FederatedDataModule(pl.LightningDataModule):
             raise ConfigurationError(f"num_clients must be >= 1, got {num_clients}")
         if partition == "dirichlet" and not beta > 0:
             raise ConfigurationError(f"beta must be > 0 for the dirichlet partition, got {beta}")
+        if writer_min_samples < 0 or (writer_top_k is not None and writer_top_k < 1):
+            raise ConfigurationError(
+                f"writer_min_samples must be >= 0 and writer_top_k null or >= 1, got "
+                f"{writer_min_samples} and {writer_top_k}"
+            )
+        if writer_test_fraction is not None and not 0.0 < writer_test_fraction < 1.0:
+            raise ConfigurationError(
+                f"writer_test_fraction must be null or lie in (0, 1), got {writer_test_fraction}"
+            )
         if not 0.0 <= val_from_test < 1.0:
             raise ConfigurationError(f"val_from_test must lie in [0, 1), got {val_from_test}")
         if not 0.0 <= val_fraction < 1.0:
@@ -124,6 +141,9 @@ class FederatedDataModule(pl.LightningDataModule):
             sample_shape=tuple(sample_shape),
             noise=noise,
             emnist_split=emnist_split,
+            writer_min_samples=writer_min_samples,
+            writer_top_k=writer_top_k,
+            writer_test_fraction=writer_test_fraction,
         )
         self._data: DataSplit | None = None
         self._parts: list[np.ndarray] | None = None
