@@ -230,3 +230,23 @@ def test_fml_paper_options_through_the_cli(cli, tmp_path):
     assert float(last["personal_clients"]) == 8
     assert 0.0 <= float(last["personal_acc_all_min"]) <= float(last["personal_acc_all"]) <= 1.0
     assert float(last["val_acc_weighted"]) > 0.1
+
+
+def test_curves_add_accuracy_against_communication(cli, tmp_path):
+    from PIL import Image
+
+    from fedlightning.analysis.plots import plot_curves
+
+    cli(tmp_path, "--loop.target_acc", "0.3", "--loop.rounds", "2")
+    with Image.open(plot_curves(tmp_path, tmp_path / "c.png")) as image:
+        assert image.size[0] == 15 * 110  # a third panel: accuracy vs cumulative megabytes
+    rows = _rows(tmp_path)
+    for row in rows:  # without the communication columns: the two panels of before
+        for key in [k for k in row if k.startswith("comm_")]:
+            row.pop(key)
+    with open(tmp_path / "metrics.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with Image.open(plot_curves(tmp_path, tmp_path / "d.png")) as image:
+        assert image.size[0] == 10 * 110
