@@ -2,7 +2,8 @@
 
 A message's size is the sum of ``Tensor.nbytes`` over its ``weights`` and every tensor in its
 ``extras`` (nested dicts, lists and tuples are walked); a Python number in the extras counts 8
-bytes (it would travel as a 64-bit value), a string its UTF-8 length, ``None`` nothing. The
+bytes (it would travel as a 64-bit value), a string its UTF-8 length, ``None`` nothing, a NumPy
+array its ``nbytes`` and any other object (a user objective's own extras) its pickled size. The
 :class:`~fedlightning.protocol.Payload`'s ``model_index`` and the
 :class:`~fedlightning.protocol.Upload`'s bookkeeping fields (client id, sample and step counts,
 metrics) are metadata of a few bytes and are not counted, so FedCross, whose every client receives
@@ -17,16 +18,19 @@ accumulate over all rounds run so far, evaluated or not, and survive a resume.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 from torch import Tensor
 
 from fedlightning.protocol import ClientJob, FitResult, Payload, Upload
 
 
 def nbytes(value: Any) -> int:
-    """Bytes of ``value`` on the wire: tensors by ``nbytes``, containers summed, numbers 8."""
+    """Bytes of ``value`` on the wire: tensors and arrays by ``nbytes``, containers summed, numbers
+    8, strings their UTF-8 length, anything else its pickled size."""
     if isinstance(value, Tensor):
         return int(value.nbytes)
     if isinstance(value, Mapping):
@@ -39,7 +43,9 @@ def nbytes(value: Any) -> int:
         return len(value.encode())
     if value is None:
         return 0
-    raise TypeError(f"cannot size a {type(value).__name__} in a payload or upload")
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    return len(pickle.dumps(value))
 
 
 def message_bytes(message: Payload | Upload) -> int:
