@@ -11,7 +11,7 @@ help:  ## list the targets
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev,ray]'
+	$(PY) -m pip install --quiet -e '.[dev,ray,data]'
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools and Ray; idempotent

@@ -1,4 +1,5 @@
-"""FedCross against FedAvg on the bundled digits data, and the paper's Table 2 ablation shape.
+"""FedCross against FedAvg on the bundled digits (or mnist5k) data, rounds to a target accuracy,
+and the paper's Table 2 ablation shape.
 
 Study 1 (paper Table 1 shape): 20 clients, 5 per round, Dirichlet beta in {0.1, 0.5}, the FedAvg
 CNN, equal rounds, 3 seeds: FedAvg vs FedCross (lowest similarity, alpha 0.99).
@@ -13,6 +14,12 @@ two algorithms of a seed share all of them. Accuracy is the global model's test 
     python experiments/fedcross.py --rounds 20 --seeds 1 --no-ablation   # a quick look
     python experiments/fedcross.py --rounds 300 --seeds 1 --no-ablation --eval-every 5 \
         --out runs/experiments/fedcross_long                  # the long horizon, about 8 min
+    python experiments/fedcross.py --recipe paper --dataset mnist5k --betas 0.1 --rounds 300 \
+        --no-ablation --out runs/experiments/fedcross_mnist5k   # the paper's recipe, >= 300 rounds
+
+``--recipe paper`` is the FedCross paper's client recipe (SGD lr 0.01, momentum 0.5, batch 50,
+5 local epochs). ``--targets`` (default 0.95 0.97) adds rounds-to-accuracy: the first evaluated
+round whose test accuracy reaches each target (resolution ``--eval-every``; "-" if never).
 
 With alpha 0.99 a middleware model takes 1% of a collaborator per round, so the K models need on
 the order of 1 / (1 - alpha) = 100 rounds to mix: at 70 rounds FedCross still trails FedAvg, and
@@ -65,16 +72,17 @@ def train(run: Run, args: argparse.Namespace) -> list[tuple[int, float]]:
     """One federated run; the global model's ``(round, test_acc)`` at every evaluation."""
     seed_everything(run.seed, verbose=False)  # the CLI does the same before building the model
     dm = FederatedDataModule(
-        dataset="digits", num_clients=args.clients, partition="dirichlet", beta=run.beta, batch_size=args.batch_size, seed=run.seed
+        dataset=args.dataset, num_clients=args.clients, partition="dirichlet", beta=run.beta, batch_size=args.batch_size, seed=run.seed
     )  # fmt: skip
+    side = 28 if args.dataset == "mnist5k" else 8
     model = ClientModule(
-        network="cnn", num_classes=10, in_channels=1, image_size=8, lr=args.lr, momentum=0.5
-    )
+        network=args.network, num_classes=10, in_channels=1, image_size=side, lr=args.lr, momentum=args.momentum
+    )  # fmt: skip
     aggregator = (
         FedAvg()
         if run.algorithm == "fedavg"
-        else FedCross(alpha=run.alpha, selection=run.selection)
-    )
+        else FedCross(alpha=run.alpha, selection=run.selection, independent_init=args.independent_init)
+    )  # fmt: skip
     with tempfile.TemporaryDirectory() as run_dir:
         loop = FederatedLoop(
             rounds=args.rounds, clients_per_round=args.per_round, local_epochs=args.local_epochs,
@@ -94,6 +102,19 @@ def best(curve: list[tuple[int, float]]) -> float:
     return max(acc for _, acc in curve)
 
 
+def rounds_to(curve: list[tuple[int, float]], target: float) -> int | None:
+    """The first evaluated round with test accuracy >= ``target`` (None: never)."""
+    return next((rnd for rnd, acc in curve if acc >= target), None)
+
+
+def mean_rounds(values: list[int | None]) -> str:
+    reached = [v for v in values if v is not None]
+    if not reached:
+        return "-"
+    text = f"{statistics.fmean(reached):.0f}"
+    return text if len(reached) == len(values) else f"{text} ({len(reached)}/{len(values)} reach)"
+
+
 def mean_std(values: list[float]) -> str:
     if len(values) == 1:
         return f"{100 * values[0]:.2f}"
@@ -105,6 +126,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=70)
+    parser.add_argument("--dataset", choices=["digits", "mnist5k"], default="digits")
+    parser.add_argument("--network", default="cnn")
+    parser.add_argument("--recipe", choices=["default", "paper"], default="default")
+    parser.add_argument("--momentum", type=float, default=0.5)
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.95, 0.97])
+    parser.add_argument("--independent-init", action="store_true")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--betas", type=float, nargs="+", default=[0.1, 0.5])
     parser.add_argument("--ablation-beta", type=float, default=0.5)
@@ -119,6 +146,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/fedcross"))
     args = parser.parse_args()
+    if args.recipe == "paper":  # FedCross section 4.1: SGD lr 0.01, momentum 0.5, B 50, E 5
+        args.lr, args.momentum, args.batch_size, args.local_epochs = 0.01, 0.5, 50, 5
     torch.set_num_threads(args.threads)
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -166,9 +195,12 @@ def main() -> None:
 
 def main_table(curves: dict[Run, list], args: argparse.Namespace) -> Table:
     table = Table(
-        title=f"digits, {args.clients} clients, {args.per_round}/round, {args.rounds} rounds, {args.seeds} seeds: final (best) test acc %"
+        title=f"{args.dataset}, {args.clients} clients, {args.per_round}/round, {args.rounds} rounds, {args.seeds} seeds: final (best) test acc %, rounds to target"
     )
-    for column in ("beta", "FedAvg final", "FedCross final", "FedAvg best", "FedCross best"):
+    columns = ["beta", "FedAvg final", "FedCross final", "FedAvg best", "FedCross best"]
+    for target in args.targets:
+        columns += [f"FedAvg rounds to {target:.0%}", f"FedCross rounds to {target:.0%}"]
+    for column in columns:
         table.add_column(column)
     for beta in args.betas:
         avg = [curves[Run("fedavg", beta, s)] for s in range(args.seeds)]
@@ -177,6 +209,10 @@ def main_table(curves: dict[Run, list], args: argparse.Namespace) -> Table:
             str(beta),
             mean_std([final(c) for c in avg]), mean_std([final(c) for c in cross]),
             mean_std([best(c) for c in avg]), mean_std([best(c) for c in cross]),
+            *[
+                mean_rounds([rounds_to(c, t) for c in curves_])
+                for t in args.targets for curves_ in (avg, cross)
+            ],
         )  # fmt: skip
     return table
 
@@ -233,7 +269,7 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
                 label=label,
             )
         ax.set(
-            title=f"Dirichlet beta {beta} (mean of {args.seeds} seeds)",
+            title=f"{args.dataset}, Dirichlet beta {beta} (mean of {args.seeds} seeds)",
             xlabel="round",
             ylabel="test accuracy",
         )
@@ -259,6 +295,8 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
         )
         ax.set(title=f"ablation, beta {beta}", xlabel="round", ylabel="test accuracy")
     for ax in axes[0]:
+        for target in args.targets:
+            ax.axhline(target, linestyle=":", color="grey", linewidth=0.8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()

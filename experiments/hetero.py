@@ -14,7 +14,8 @@ federation). Methods:
   HeteroAvg      per-key mean over the sampled owners: FedAvg(weighting="uniform")
                  (docs/algorithms.md section 2.3)
   InCo-official  HeteroAvg + InCo's cross-layer updates, the authors' code (docs/algorithms.md
-                 section 2.4)
+                 section 2.4), layer 0 as the paper words it (the library's default)
+  InCo-official-code-layer0  the same with the authors' code's layer 0 (layer0: code)
   InCo-exact     HeteroAvg + Theorem 3.1's coefficient (c = -theta when b < 0), normalised
 
 Reported after the last round (mean +- std over seeds, %): each group's model with the server's
@@ -47,6 +48,7 @@ METHODS: dict[str, Callable[[], Aggregator]] = {
     "FedAvg-groups": lambda: FedAvg(weighting="uniform", within_groups=True),
     "HeteroAvg": lambda: FedAvg(weighting="uniform"),
     "InCo-official": lambda: InCo(variant="official"),
+    "InCo-official-code-layer0": lambda: InCo(variant="official", layer0="code"),
     "InCo-exact": lambda: InCo(variant="exact"),
 }
 
@@ -73,7 +75,12 @@ def run(method: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict
     )  # fmt: skip
     loop.console.quiet = True
     metrics = loop.fit(model, datamodule=dm)
-    return {**{g: metrics[f"{g}/test_acc"] for g in GROUPS}, "mean": metrics["group_mean_acc"]}
+    extra = {k: metrics[k] for k in ("inco_conflict_frac", "inco_beta_deg_mean") if k in metrics}
+    return {
+        **{g: metrics[f"{g}/test_acc"] for g in GROUPS},
+        "mean": metrics["group_mean_acc"],
+        **extra,
+    }
 
 
 def main() -> None:
@@ -89,6 +96,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--beta", type=float, default=0.5, help="Dirichlet concentration")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("runs/experiments/hetero"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
@@ -111,18 +119,32 @@ def main() -> None:
         std = statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{100 * statistics.mean(values):.1f} ± {100 * std:.1f}"
 
-    print(
+    lines = [
         f"\ndigits, {args.num_clients} clients in 5 ResNet groups (width {args.width}), "
         f"Dirichlet({args.beta}), {args.rounds} rounds x {args.clients_per_round} clients x "
         f"{args.local_epochs} local epochs, Adam 1e-3, seeds {args.seeds}; test accuracy in %, "
-        f"mean ± std; {total:.0f} s in all\n"
-    )
-    print("| method | " + " | ".join(GROUPS) + " | mean | s/run |")
-    print("|---" * (len(GROUPS) + 3) + "|")
+        f"mean ± std; {total:.0f} s in all\n",
+        "| method | " + " | ".join(GROUPS) + " | mean | s/run |",
+        "|---" * (len(GROUPS) + 3) + "|",
+    ]
     for method in args.methods:
         seconds = statistics.mean(float(r["time_s"]) for r in rows if r["method"] == method)
         cells = " | ".join(cell(method, key) for key in [*GROUPS, "mean"])
-        print(f"| {method} | {cells} | {seconds:.0f} |")
+        lines.append(f"| {method} | {cells} | {seconds:.0f} |")
+    conflicts = [r for r in rows if "inco_conflict_frac" in r]
+    if conflicts:
+        lines.append(
+            "\nInCo's last round (mean over seeds): share of conflicting pairs (b < 0), mean angle"
+        )
+        for method in dict.fromkeys(r["method"] for r in conflicts):
+            mine = [r for r in conflicts if r["method"] == method]
+            frac = statistics.mean(float(r["inco_conflict_frac"]) for r in mine)
+            angle = statistics.mean(float(r["inco_beta_deg_mean"]) for r in mine)
+            lines.append(f"- {method}: conflict share {frac:.2f}, mean beta {angle:.1f} degrees")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -205,9 +205,10 @@ def test_tasks_refuse_impossible_requests():
 
 
 def test_digits_tasks_test_sets_and_holdout_public_set():
-    data = LabelSpaceTasks(num_participants=5, samples_per_class=10, distribution="noniid").build(
-        seed=3
-    )
+    assert LabelSpaceTasks().noniid_subclasses == [1, 2]  # the paper's "1 (or 2)" by default
+    data = LabelSpaceTasks(
+        num_participants=5, samples_per_class=10, distribution="noniid", noniid_subclasses=[1]
+    ).build(seed=3)
     source = load_source("digits")
     group = BUILTIN_SUPERCLASSES["digits"][0]
     test_groups = group[source.test_y.numpy()]
@@ -266,8 +267,12 @@ def test_random_cnn_widths_are_sorted_draws_from_the_paper_set():
     draws = [draw_cofed_widths(seed) for seed in range(200)]
     assert {len(w) for w in draws} == {2, 3}
     for widths in draws:
-        assert list(widths) == sorted(set(widths)) and set(widths) <= set(COFED_WIDTHS)
+        assert list(widths) == sorted(widths) and set(widths) <= set(COFED_WIDTHS)
     assert len(set(draws)) > 50  # the family really varies
+    # with replacement (the authors' code; Table 1 has "32, 32"): repeated widths occur
+    assert any(len(set(w)) < len(w) for w in draws)
+    for widths in (draw_cofed_widths(seed, replace=False) for seed in range(200)):
+        assert list(widths) == sorted(set(widths))
 
 
 @pytest.mark.parametrize("widths", [(24, 80), (20, 48, 96)])
@@ -289,3 +294,28 @@ def test_random_cnn_draw_follows_the_seed_and_rejects_bad_widths():
     assert model.widths == draw_cofed_widths(11)
     with pytest.raises(ConfigurationError, match="ascending order"):
         create_model("cofed_cnn", num_classes=3, image_size=8, widths=[48, 20])
+
+
+def test_update_training_has_its_own_batch_size(monkeypatch):
+    import fedlightning.cofed.participants as participants_module
+    from fedlightning.cofed.participants import Recipe, TorchParticipants
+
+    sizes = []
+    real = participants_module.TensorBatches
+
+    def spy(x, y, batch_size, **kwargs):
+        sizes.append(batch_size)
+        return real(x, y, batch_size, **kwargs)
+
+    monkeypatch.setattr(participants_module, "TensorBatches", spy)
+    recipe = Recipe(optimizer="sgd", lr=0.01, batch_size=50, epochs=1, update_batch_size=1000)
+    assert str(recipe) == "sgd lr 0.01 B 50+1000 E 1+1"
+    participant = TorchParticipants(recipes=[recipe], accelerator="cpu").build(
+        0, 3, (1, 8, 8), seed=0
+    )
+    x, y = torch.randn(60, 1, 8, 8), np.arange(60) % 3
+    participant.fit(x, y, seed=0)
+    participant.update(x, y, seed=1)
+    assert sizes == [50, 1000]
+    with pytest.raises(ConfigurationError, match="recipe.update_batch_size=0"):
+        Recipe(update_batch_size=0)

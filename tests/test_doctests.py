@@ -13,9 +13,12 @@ MODULES = [
     "fedlightning.server.functional",
     "fedlightning.clients.fednova",
     "fedlightning.data.partition",
+    "fedlightning.data.validation",
+    "fedlightning.data.writers",
     "fedlightning.seeding",
-    "fedlightning.server.fedcross",
+    "fedlightning.server.fedcross_maths",
     "fedlightning.server.inco",
+    "fedlightning.server.inco_pairs",
     "fedlightning.cofed.voting",
     "fedlightning.cofed.participants",
 ]

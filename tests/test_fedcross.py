@@ -168,12 +168,19 @@ def test_dynamic_alpha_ramps_to_the_target_and_stays():
     assert dynamic_alpha(50, 0.5, 0.005, 0.99) == pytest.approx(0.75)
     assert dynamic_alpha(98, 0.5, 0.005, 0.99) == pytest.approx(0.99)
     assert dynamic_alpha(500, 0.5, 0.005, 0.99) == 0.99
-    agg = FedCross(
-        alpha=0.9, propeller_rounds=3, dynamic_alpha_rounds=(3, 10), alpha_start=0.6, alpha_step=0.1
-    )
+    kwargs = dict(alpha=0.9, propeller_rounds=3, dynamic_alpha_rounds=(3, 10), alpha_start=0.6)
+    agg = FedCross(**kwargs, alpha_step=0.1, alpha_ramp="range_start")
     assert [agg.uses_propellers(r) for r in range(5)] == [True, True, True, False, False]
     expected = [0.9, 0.9, 0.9, 0.6, 0.7, 0.8, 0.9, 0.9, 0.9, 0.9, 0.9]  # ramp restarts at its range
     assert [agg.alpha_at(r) for r in range(11)] == pytest.approx(expected)
+    # the default: the spec's ramp in the absolute round, continuous over the schedule
+    absolute = FedCross(**kwargs, alpha_step=0.05)
+    expected = [0.9, 0.9, 0.9, 0.75, 0.8, 0.85, 0.9, 0.9, 0.9, 0.9, 0.9]  # 0.6 + r * 0.05
+    assert [absolute.alpha_at(r) for r in range(11)] == pytest.approx(expected)
+    whole = FedCross(alpha=0.99, dynamic_alpha_rounds=(0, 1000))
+    assert [whole.alpha_at(r) for r in (0, 50, 97, 98, 400)] == pytest.approx(
+        [0.5, 0.75, 0.985, 0.99, 0.99]
+    )
 
 
 # -- the aggregator ---------------------------------------------------------------------------------
@@ -428,3 +435,45 @@ def test_cli_configuration_errors(cli, tmp_path, capsys, args, message):
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "bad" / "last.ckpt").exists()
+
+
+def test_independent_initialisations_of_the_middleware_models(tmp_path):
+    from fedlightning.clients import ClientModule
+    from fedlightning.loop.initial_states import independent_states
+    from objective_helpers import SYNTHETIC, synthetic_run
+
+    model = ClientModule(**SYNTHETIC)
+    rng = torch.get_rng_state()
+    states = independent_states(model, 3, seed=5)
+    assert torch.equal(torch.get_rng_state(), rng)  # the run's random stream is untouched
+    again = independent_states(model, 3, seed=5)
+    for a, b in zip(states, again, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)  # a pure function of (seed, i)
+    first = "features.1.weight"
+    assert not torch.equal(states[0][first], states[1][first])
+    assert not torch.equal(states[1][first], states[2][first])
+
+    agg = FedCross(independent_init=True)
+    loop = synthetic_run(
+        ClientModule(**SYNTHETIC), agg, rounds=1, tmp_path=tmp_path / "run", seed=5
+    )
+    assert agg.initial_states_needed(2) == 2 and FedCross().initial_states_needed(2) == 0
+    # round 0 dispatched the two independent states: the trained models started from them
+    assert len(agg.models) == 2 and not torch.equal(agg.models[0][first], agg.models[1][first])
+    assert loop.history[-1]["comm_sent_bytes"] > 0
+
+
+def test_independent_init_through_the_cli(cli, tmp_path):
+    rows = cli(
+        tmp_path, "--loop.aggregator.independent_init", "true", "--loop.aggregator.alpha_ramp",
+        "range_start", config="fedcross_tiny.yaml",
+    )  # fmt: skip
+    assert len(rows) == 4 and float(rows[-1]["test_acc"]) > 0.2
+    with pytest.raises(SystemExit) as exit_info:
+        cli(
+            tmp_path / "bad",
+            "--loop.aggregator.alpha_ramp",
+            "sideways",
+            config="fedcross_tiny.yaml",
+        )
+    assert exit_info.value.code == 2

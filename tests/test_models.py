@@ -9,7 +9,14 @@ from fedlightning.models import create_model, list_models
 NARROW = {"resnet": {"width": 4}, "vit_s": {"embed_dim": 12, "num_heads": 2}}
 
 
+#: models built narrow by exact name; the smallest input side a model takes (smaller: a clear error)
+EXACT = {"vgg16_torchvision": {"width": 8, "hidden": 64}}
+MIN_SIDE = {"fml_cnn1": 16, "fml_cnn2": 18}
+
+
 def _narrow(name):
+    if name in EXACT:
+        return EXACT[name]
     return next(
         (
             kw
@@ -23,6 +30,10 @@ def _narrow(name):
 @pytest.mark.parametrize("name", list_models())
 @pytest.mark.parametrize(("channels", "size"), [(1, 8), (1, 28), (3, 32)])
 def test_every_model_builds_and_classifies(name, channels, size):
+    if size < MIN_SIDE.get(name, 0):
+        with pytest.raises(ConfigurationError, match=f"needs image_size >= {MIN_SIDE[name]}"):
+            create_model(name, num_classes=7, in_channels=channels, image_size=size)
+        return
     model = create_model(
         name, num_classes=7, in_channels=channels, image_size=size, **_narrow(name)
     )
@@ -48,3 +59,48 @@ def test_unknown_model_is_a_clear_error():
         create_model("resnet9000", num_classes=10)
     with pytest.raises(ConfigurationError, match="image_size >= 4"):
         create_model("cnn", num_classes=10, image_size=2)
+
+
+def test_vgg16_torchvision_is_torchvision_vgg16_with_a_32x32_head():
+    import torchvision
+
+    ours = create_model("vgg16_torchvision", num_classes=10, in_channels=3, image_size=32)
+    reference = torchvision.models.vgg16(weights=None, num_classes=10)
+    shapes = [tuple(p.shape) for p in ours.parameters()]
+    expected = [tuple(p.shape) for p in reference.parameters()]
+    # identical but for the first head layer: 512 x 1 x 1 flattened instead of 7x7-pooled 25088
+    assert (
+        shapes[:26] == expected[:26] and shapes[26] == (4096, 512) and expected[26] == (4096, 25088)
+    )
+    assert shapes[27:] == expected[27:]
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in ours.modules())
+    assert sum(isinstance(m, torch.nn.Dropout) for m in ours.modules()) == 2
+    assert any(
+        isinstance(m, torch.nn.BatchNorm2d) for m in create_model("vgg16", 10, 3, 32).modules()
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "size", "flat"),
+    [
+        ("fml_cnn1", 32, 16 * 5 * 5),
+        ("fml_cnn1", 28, 16 * 4 * 4),
+        ("fml_cnn2", 32, 64 * 4 * 4),
+        ("fml_cnn2", 28, 64 * 3 * 3),
+    ],
+)
+def test_fml_cnns_have_the_papers_shapes(name, size, flat):
+    model = create_model(name, num_classes=10, in_channels=1, image_size=size)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert linears[0].in_features == flat
+    if name == "fml_cnn1":
+        assert [(c.out_channels, c.kernel_size) for c in convs] == [(6, (5, 5)), (16, (5, 5))]
+        assert [m.out_features for m in linears] == [120, 84, 10]
+    else:
+        assert [(c.out_channels, c.kernel_size) for c in convs] == [
+            (32, (3, 3)),
+            (64, (3, 3)),
+            (64, (3, 3)),
+        ]
+        assert [m.out_features for m in linears] == [64, 10]

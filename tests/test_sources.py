@@ -105,3 +105,98 @@ def test_malformed_leaf_json_names_the_file(tmp_path):
         load_source("femnist", root=tmp_path)
     with pytest.raises(ConfigurationError, match="LEAF json not found"):
         load_source("femnist", root=tmp_path / "nowhere")
+
+
+def test_mnist5k_is_real_offline_mnist():
+    split = load_source("mnist5k")
+    assert split.train_x.shape == (4000, 1, 28, 28) and split.test_x.shape == (1000, 1, 28, 28)
+    assert torch.bincount(split.train_y).tolist() == [400] * 10  # stratified 80/20 of 500 a class
+    assert torch.bincount(split.test_y).tolist() == [100] * 10
+    assert abs(float(split.train_x.mean())) < 1e-4
+    assert torch.equal(load_source("mnist5k").test_x, split.test_x)  # fixed test set
+    # real digits: a nearest-class-mean classifier is far above chance (10%)
+    means = torch.stack([split.train_x[split.train_y == c].mean(0) for c in range(10)]).flatten(1)
+    pred = torch.cdist(split.test_x.flatten(1), means).argmin(1)
+    assert (pred == split.test_y).float().mean() > 0.7
+
+
+def test_mnist5k_non_iid_3_shards_through_the_cli(cli, tmp_path):
+    rows = cli(
+        tmp_path, "--data.dataset", "mnist5k", "--data.num_clients", "5", "--data.partition", "shards",
+        "--data.shards_per_client", "3", "--loop.rounds", "1", "--loop.clients_per_round", "5",
+        "--loop.local_epochs", "1", "--loop.plots", "false",
+    )  # fmt: skip
+    assert float(rows[-1]["test_acc"]) > 0.3
+    table = np.loadtxt(tmp_path / "partition.csv", delimiter=",", skiprows=1, dtype=np.int64)
+    counts = table[:, 1:]  # the training part of each client (val_fraction 0.1 held out)
+    assert 0.85 * 4000 <= counts.sum() <= 4000
+    # FML's Non-IID(3): 3 label-sorted shards of 800 each; a shard spans at most 2 classes
+    assert ((counts > 0).sum(axis=1) <= 6).all() and (counts.max(axis=1) >= 200).all()
+
+
+def _leaf_writers(tmp_path, sizes):
+    """Writers w0.. with ``sizes[k]`` training samples and 2 test samples each."""
+    for k, n in enumerate(sizes):
+        _leaf_file(tmp_path / "train" / f"{k}.json", [f"w{k}"], n, label_offset=k)
+        _leaf_file(tmp_path / "test" / f"{k}.json", [f"w{k}"], 2, label_offset=k)
+
+
+def test_femnist_writer_filters(tmp_path):
+    _leaf_writers(tmp_path, [3, 10, 6, 12])  # totals with the 2 test samples: 5, 12, 8, 14
+    split = load_source("femnist", root=tmp_path, writer_min_samples=8)
+    assert len(split.train_y) == 10 + 6 + 12 and len(split.test_y) == 3 * 2  # w0 dropped
+    assert np.bincount(split.client_ids).tolist() == [10, 6, 12]  # renumbered in writer order
+    top = load_source("femnist", root=tmp_path, writer_top_k=2)
+    assert np.bincount(top.client_ids).tolist() == [10, 12] and len(top.test_y) == 4
+    with pytest.raises(ConfigurationError, match="writer_min_samples=100"):
+        load_source("femnist", root=tmp_path, writer_min_samples=100)
+
+
+def test_femnist_per_writer_split_through_the_cli(cli, tmp_path):
+    data = tmp_path / "leaf"
+    _leaf_writers(data, [18, 8, 28, 38])  # totals 20, 10, 30, 40
+    split = load_source("femnist", root=data, writer_top_k=3, writer_test_fraction=0.6, seed=0)
+    # each writer's 20/30/40 samples split anew: floor(0.6 n) to test, the rest to train
+    assert (
+        np.bincount(split.client_ids).tolist() == [8, 12, 16] and len(split.test_y) == 12 + 18 + 24
+    )
+    again = load_source("femnist", root=data, writer_top_k=3, writer_test_fraction=0.6, seed=0)
+    assert torch.equal(split.train_x, again.train_x)
+    rows = cli(
+        tmp_path / "run", "--data.dataset", "femnist", "--data.root", str(data), "--data.partition", "natural",
+        "--data.num_clients", "3", "--data.writer_top_k", "3", "--data.writer_test_fraction", "0.6",
+        "--model.init_args.network", "mlp", "--loop.rounds", "1", "--loop.clients_per_round", "3",
+        "--loop.plots", "false",
+    )  # fmt: skip
+    assert len(rows) == 1 and 0.0 <= float(rows[0]["test_acc"]) <= 1.0
+    with pytest.raises(ConfigurationError, match="writer_test_fraction"):
+        FederatedDataModule(dataset="femnist", writer_test_fraction=1.0)
+
+
+def test_cinic10_from_its_folder_layout(tmp_path):
+    from PIL import Image
+
+    from fedlightning.data.cinic import CINIC10_CLASSES
+
+    rng = np.random.default_rng(0)
+    for split, per_class in (("train", 2), ("valid", 1), ("test", 1)):
+        for name in CINIC10_CLASSES:
+            folder = tmp_path / split / name
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{split}-{name}-{i}.png")
+    split = load_source("cinic10", root=tmp_path)
+    assert split.train_x.shape == (20, 3, 32, 32) and split.test_x.shape == (10, 3, 32, 32)
+    assert split.train_y.tolist() == [c for c in range(10) for _ in range(2)]
+    assert split.num_classes == 10
+    first = np.asarray(
+        Image.open(tmp_path / "train" / "airplane" / "train-airplane-0.png"), np.float32
+    )
+    # standardisation per channel is affine: the first image's pixel order is kept
+    assert np.corrcoef(split.train_x[0, 0].flatten().numpy(), first[..., 0].flatten())[0, 1] > 0.999
+    from fedlightning.data.cinic import load_cinic10
+
+    assert load_cinic10(tmp_path, include_valid=True).train_x.shape[0] == 30
+    with pytest.raises(ConfigurationError, match="CINIC-10 not found"):
+        load_source("cinic10", root=tmp_path / "nowhere")

@@ -78,6 +78,10 @@ class ClientStore:
     def __len__(self) -> int:
         return len(self._states) if self.mode == "memory" else len(self._files)
 
+    def client_ids(self) -> list[int]:
+        """The clients that hold state, in increasing order."""
+        return sorted(self._states if self.mode == "memory" else self._files)
+
     def __contains__(self, client_id: object) -> bool:
         return client_id in (self._states if self.mode == "memory" else self._files)
 

@@ -38,11 +38,15 @@ def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
 
 
 def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Test accuracy and loss of the global model per round (``curves.png`` by default)."""
+    """Test accuracy and loss of the global model per round (``curves.png`` by default), and, when
+    the run logged communication, test accuracy against the cumulative megabytes sent and received
+    (docs/algorithms.md section 6), with the ``rounds_to_target`` round marked."""
     plt = _pyplot()
     metrics = read_metrics(run_dir)
     out = Path(out) if out is not None else Path(run_dir) / "curves.png"
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
+    traffic = "comm_sent_total" in metrics and "test_acc" in metrics
+    fig, axes = plt.subplots(1, 3 if traffic else 2, figsize=(15 if traffic else 10, 3.8))
+    acc_ax, loss_ax = axes[0], axes[1]
     rounds = metrics.get("round", np.arange(1, 1 + len(next(iter(metrics.values()), []))))
     for key in sorted(metrics):
         if key.endswith("acc"):
@@ -51,7 +55,21 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
             loss_ax.plot(rounds, metrics[key], marker=".", label=key)
     acc_ax.set(xlabel="round", ylabel="accuracy", title=f"{Path(run_dir).name}: accuracy")
     loss_ax.set(xlabel="round", ylabel="loss", title="loss")
-    for ax in (acc_ax, loss_ax):
+    reached = metrics.get("rounds_to_target", np.array([np.nan]))
+    reached = reached[~np.isnan(reached)]
+    if len(reached):
+        acc_ax.axvline(
+            reached[0], linestyle=":", color="grey", label=f"target at {int(reached[0])}"
+        )
+    if traffic:
+        megabytes = (metrics["comm_sent_total"] + metrics["comm_received_total"]) / 1e6
+        axes[2].plot(megabytes, metrics["test_acc"], marker=".", label="test_acc")
+        axes[2].set(
+            xlabel="cumulative communication (MB, sent + received)",
+            ylabel="accuracy",
+            title="accuracy vs communication",
+        )
+    for ax in axes:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend()

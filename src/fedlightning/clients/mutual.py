@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
 from fedlightning.errors import ConfigurationError
+from fedlightning.loop.distribution import accuracy_distribution
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
 from fedlightning.state import ClientStore
@@ -62,7 +63,8 @@ class FML(ClientModule):
     ClientStore, while the meme's is fresh every round. Steps (and ``local_steps``) count batches.
 
     :meth:`evaluate_clients` reports ``personal_acc``: each participating client's personal model
-    on its own validation split, averaged over those clients (unweighted, like ``val_acc``).
+    on its own validation split, averaged over those clients (unweighted, like ``val_acc``), and
+    ``personal_acc_all``: the same over every client that holds a personal model.
 
     Args:
         alpha: weight of the personal model's CE against its KL to the meme, in [0, 1].
@@ -70,6 +72,14 @@ class FML(ClientModule):
         personal_network: registered model name of the personal model (default: ``network``).
         personal_network_kwargs: builder arguments of the personal model (default: the meme's when
             the architectures are the same, none otherwise).
+        personal_networks: per-client personal architectures (the paper's mix, e.g.
+            ``[mlp, lenet5, fml_cnn1, fml_cnn2, fml_cnn2]``): client i's personal model is
+            ``personal_networks[i mod len]``, built with the meme's builder arguments when it is
+            the meme's architecture and with none otherwise. Overrides ``personal_network``.
+
+    With ``alpha = 1`` the personal model's loss is its own CE only (the meme's output enters
+    neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
+    independent-training (local only) baseline.
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
 
@@ -82,12 +92,22 @@ class FML(ClientModule):
         beta: float = 0.5,
         personal_network: str | None = None,
         personal_network_kwargs: dict[str, Any] | None = None,
+        personal_networks: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         for name, value in (("alpha", alpha), ("beta", beta)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigurationError(f"FML {name} must lie in [0, 1], got {value}")
         super().__init__(**kwargs)
+        if personal_networks is not None and not personal_networks:
+            raise ConfigurationError(
+                "FML personal_networks must be null or a non-empty list, got []"
+            )
+        self.personal_names = list(personal_networks or [])
+        if self.personal_names:
+            personal_network = self.personal_names[0]
+            if personal_network_kwargs is None and personal_network == self.hparams.get("network"):
+                personal_network_kwargs = self.hparams.get("network_kwargs")
         if personal_network is None:
             personal_network = self.hparams.get("network")  # absent when network is a module
             if personal_network is None:
@@ -97,26 +117,51 @@ class FML(ClientModule):
             if personal_network_kwargs is None:
                 personal_network_kwargs = self.hparams.get("network_kwargs")
         self.personal_spec = (personal_network, dict(personal_network_kwargs or {}))
+        self._personal_specs = {personal_network: self.personal_spec}
+        for name in self.personal_names:  # every architecture is checked at construction
+            self._personal_specs.setdefault(name, self._spec_of(name))
+            self._build_personal(name)
         self.personal = self._build_personal()
         self.alpha = alpha
         self.beta = beta
         self._optimizer: torch.optim.Optimizer | None = None
         self._personal_loss_sum: Tensor | float = 0.0
 
-    def _build_personal(self) -> nn.Module:
-        name, kwargs = self.personal_spec
+    def _spec_of(self, name: str) -> tuple[str, dict[str, Any]]:
+        same = name == self.hparams.get("network")
+        return name, dict((self.hparams.get("network_kwargs") or {}) if same else {})
+
+    def personal_name(self, client_id: int) -> str:
+        """Client ``client_id``'s personal architecture."""
+        if not self.personal_names:
+            return self.personal_spec[0]
+        return self.personal_names[client_id % len(self.personal_names)]
+
+    def _build_personal(self, name: str | None = None) -> nn.Module:
+        name, kwargs = self._personal_specs[name or self.personal_spec[0]]
         return create_model(
             name, self.num_classes, self.hparams.in_channels, self.hparams.image_size, **kwargs
         )
 
+    def _use_personal(self, client_id: int) -> None:
+        """Make ``self.personal`` client ``client_id``'s architecture (on the meme's device)."""
+        name = self.personal_name(client_id)
+        if getattr(self, "_personal_active", self.personal_spec[0]) != name:
+            device = next(self.network.parameters()).device
+            with torch.random.fork_rng(devices=[]):  # never shifts the fit's random stream
+                self.personal = self._build_personal(name).to(device)
+            self._personal_active = name
+
     # -- one client's round ---------------------------------------------------------------------
     def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
         super().begin_client(client_id, payload, state)
+        self._use_personal(client_id)
         if "personal" in state:
             self.personal.load_state_dict(state["personal"])
         else:
             with torch.random.fork_rng(devices=[]):
-                self.personal.load_state_dict(self._build_personal().state_dict())
+                fresh = self._build_personal(self.personal_name(client_id))
+                self.personal.load_state_dict(fresh.state_dict())
         self.personal.train()
         self._personal_loss_sum = 0.0
         self._meme_loss_sum: Tensor | float = 0.0
@@ -174,26 +219,37 @@ class FML(ClientModule):
         val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
         device: torch.device,
     ) -> dict[str, float]:
-        """``personal_acc``: the mean over ``client_ids`` of each personal model's accuracy on its
-        client's validation split (clients without validation samples are left out)."""
-        model = self.personal.to(device).eval()
-        dtype = next(model.parameters()).dtype
-        accuracies = []
+        """Personal models on their own clients' validation splits (clients without validation
+        samples left out):
+
+        * ``personal_acc``: the mean over this round's ``client_ids``;
+        * ``personal_acc_all`` (with ``_weighted``, ``_std``, ``_min``, ``_worst10``: the
+          distribution of :mod:`fedlightning.loop.distribution`): every client that holds a
+          personal model, i.e. every client that has trained at least once, sampled this round or
+          not (``personal_clients`` counts them).
+        """
+        dtype = next(self.network.parameters()).dtype
+        everyone = [cid for cid in store.client_ids() if "personal" in store.get(cid)]
+        hits: dict[int, tuple[int, int]] = {}
         with torch.no_grad():
-            for cid in client_ids:
-                state = store.get(cid)
-                if "personal" not in state:
-                    continue
-                model.load_state_dict(state["personal"])
+            for cid in everyone:
+                self._use_personal(cid)
+                model = self.personal.to(device, dtype).eval()
+                model.load_state_dict(store.get(cid)["personal"])
                 correct, count = 0, 0
                 for x, y in val_dataloader(cid):
                     prediction = model(x.to(device, dtype)).argmax(dim=1)
                     correct += int((prediction == y.to(device)).sum())
                     count += len(y)
-                if count:
-                    accuracies.append(correct / count)
-        model.train()
-        return {"personal_acc": sum(accuracies) / len(accuracies)} if accuracies else {}
+                hits[cid] = (correct, count)
+        self.personal.train()
+        sampled = [hits[c][0] / hits[c][1] for c in client_ids if c in hits and hits[c][1]]
+        results = {"personal_acc": sum(sampled) / len(sampled)} if sampled else {}
+        if everyone:
+            counts = torch.tensor([hits[c] for c in everyone], dtype=torch.float64)
+            results.update(accuracy_distribution(counts[:, 0], counts[:, 1], "personal_acc_all"))
+            results["personal_clients"] = float(len(everyone))
+        return results
 
 
 def _copy(value: Any, device: str | torch.device | None = None) -> Any:

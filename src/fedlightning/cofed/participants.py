@@ -93,6 +93,8 @@ class Recipe:
         batch_size: mini-batch size (>= 1).
         epochs: local training epochs (>= 1).
         update_epochs: update-training epochs (>= 1; null: ``epochs``).
+        update_batch_size: update-training mini-batch size (>= 1; null: ``batch_size``). The
+            paper trains locally with batch 50 and update-trains with batch 1000.
     """
 
     optimizer: Literal["sgd", "adam"] = "adam"
@@ -102,6 +104,7 @@ class Recipe:
     batch_size: int = 32
     epochs: int = 30
     update_epochs: int | None = None
+    update_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         require(
@@ -116,11 +119,18 @@ class Recipe:
             self.update_epochs is None or self.update_epochs >= 1,
             "recipe.update_epochs", self.update_epochs, "null or an integer >= 1",
         )  # fmt: skip
+        require(
+            self.update_batch_size is None or self.update_batch_size >= 1,
+            "recipe.update_batch_size", self.update_batch_size, "null or an integer >= 1",
+        )  # fmt: skip
 
     def __str__(self) -> str:
         update = self.epochs if self.update_epochs is None else self.update_epochs
         extra = f" momentum {self.momentum}" if self.optimizer == "sgd" and self.momentum else ""
-        return f"{self.optimizer} lr {self.lr}{extra} B {self.batch_size} E {self.epochs}+{update}"
+        batch = f"{self.batch_size}" + (
+            f"+{self.update_batch_size}" if self.update_batch_size is not None else ""
+        )
+        return f"{self.optimizer} lr {self.lr}{extra} B {batch} E {self.epochs}+{update}"
 
 
 class TorchParticipants(Participants):
@@ -220,15 +230,20 @@ class TorchParticipant(Participant):
         self.description = description
 
     def fit(self, x: Tensor, y: np.ndarray, seed: int) -> None:
-        self._train(x, y, self.recipe.epochs, seed, balanced=False)
+        self._train(
+            x, y, self.recipe.epochs, seed, balanced=False, batch_size=self.recipe.batch_size
+        )
 
     def update(self, x: Tensor, y: np.ndarray, seed: int) -> None:
         epochs = (
             self.recipe.epochs if self.recipe.update_epochs is None else self.recipe.update_epochs
         )
-        self._train(x, y, epochs, seed, balanced=True)
+        batch_size = self.recipe.update_batch_size or self.recipe.batch_size
+        self._train(x, y, epochs, seed, balanced=True, batch_size=batch_size)
 
-    def _train(self, x: Tensor, y: np.ndarray, epochs: int, seed: int, balanced: bool) -> None:
+    def _train(
+        self, x: Tensor, y: np.ndarray, epochs: int, seed: int, balanced: bool, batch_size: int
+    ) -> None:
         weights = class_balanced_weights(y, self.num_classes) if balanced else None
         self.module.class_weight = (
             None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
@@ -241,9 +256,7 @@ class TorchParticipant(Participant):
             max_epochs=epochs,
             limit_val_batches=0,
         )
-        batches = TensorBatches(
-            x, torch.as_tensor(y), self.recipe.batch_size, shuffle=True, seed=seed
-        )
+        batches = TensorBatches(x, torch.as_tensor(y), batch_size, shuffle=True, seed=seed)
         trainer.fit(self.module, train_dataloaders=batches)
 
     @torch.no_grad()

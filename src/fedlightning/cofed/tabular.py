@@ -29,7 +29,7 @@ from fedlightning.data.sources import standardised
 from fedlightning.errors import require
 from fedlightning.seeding import derive_seed
 
-TABULAR_SOURCES = ("breast_cancer", "synthetic")
+TABULAR_SOURCES = ("breast_cancer", "synthetic", "adult")
 ESTIMATORS = ("tree", "svm", "gam", "mlp")
 
 
@@ -48,8 +48,12 @@ class TabularTasks(Tasks):
     product of the marginals: no real row, and no joint structure, leaves a silo).
 
     Args:
-        dataset: ``breast_cancer`` (scikit-learn's bundled Wisconsin data, 569 x 30) or
-            ``synthetic`` (``make_classification`` drawn from the seed).
+        dataset: ``breast_cancer`` (scikit-learn's bundled Wisconsin data, 569 x 30),
+            ``synthetic`` (``make_classification`` drawn from the seed) or ``adult`` (UCI Adult
+            from ``root/adult.data`` and ``root/adult.test``, categorical columns one-hot:
+            :func:`fedlightning.cofed.adult.load_adult`; the files' own train/test split is
+            used and ``test_fraction`` is ignored; the paper: 100 participants x 200 rows).
+        root: the folder holding ``adult.data`` and ``adult.test`` (``adult`` only).
         num_participants: number of participants N.
         rows_per_participant: training rows per participant (the paper's Adult setting: 200).
         test_fraction: share of the source held out as the test set, in (0, 1).
@@ -59,13 +63,14 @@ class TabularTasks(Tasks):
 
     def __init__(
         self,
-        dataset: Literal["breast_cancer", "synthetic"] = "breast_cancer",
+        dataset: Literal["breast_cancer", "synthetic", "adult"] = "breast_cancer",
         num_participants: int = 8,
         rows_per_participant: int = 200,
         test_fraction: float = 0.25,
         public_size: int = 1000,
         num_samples: int = 4000,
         num_features: int = 20,
+        root: str = "data/adult",
     ) -> None:
         require(
             dataset in TABULAR_SOURCES,
@@ -93,6 +98,7 @@ class TabularTasks(Tasks):
         self.public_size = public_size
         self.num_samples = num_samples
         self.num_features = num_features
+        self.root = root
 
     def load(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
         if self.dataset == "breast_cancer":
@@ -118,10 +124,15 @@ class TabularTasks(Tasks):
         return rows
 
     def build(self, seed: int) -> CoFEDData:
-        x, y = self.load(seed)
-        train_x, test_x, train_y, test_y = train_test_split(
-            x, y, test_size=self.test_fraction, stratify=y, random_state=0
-        )
+        if self.dataset == "adult":
+            from fedlightning.cofed.adult import load_adult
+
+            train_x, train_y, test_x, test_y = load_adult(self.root)
+        else:
+            x, y = self.load(seed)
+            train_x, test_x, train_y, test_y = train_test_split(
+                x, y, test_size=self.test_fraction, stratify=y, random_state=0
+            )
         split = standardised(train_x, train_y, test_x, test_y, num_classes=2)
         rng = np.random.default_rng(derive_seed(seed, "rows"))
         rows = self.rows(len(split.train_y))

@@ -140,7 +140,7 @@ def label_space_tasks(
     classes_per_participant: tuple[int, int],
     samples_per_class: int,
     distribution: Literal["iid", "noniid"] = "iid",
-    noniid_subclasses: Sequence[int] = (1,),
+    noniid_subclasses: Sequence[int] = (1, 2),
     seed: int = 0,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per participant ``(label_space, indices)``: its superclasses and its training samples.
@@ -231,7 +231,8 @@ class LabelSpaceTasks(Tasks):
         superclass_table: fine -> superclass ids; default the built-in table of ``cifar100``
             (its 20 superclasses) or ``digits`` (5 groups of 2 digits, see ``DIGIT_GROUPS``).
         distribution: ``iid`` or ``noniid`` (sub-class skew).
-        noniid_subclasses: the numbers of subclasses a non-IID superclass is drawn from.
+        noniid_subclasses: the numbers of subclasses a non-IID superclass is drawn from (default
+            [1, 2]: "1 (or 2)" subclasses, as the paper says).
         samples_per_class: training samples per participant and superclass.
         public: ``holdout`` or the name of the source whose training set is the public set.
         public_size: subsample the public set to this many samples (null: all).
@@ -252,7 +253,7 @@ class LabelSpaceTasks(Tasks):
         public: str = "holdout",
         public_size: int | None = None,
     ) -> None:
-        noniid_subclasses = [1] if noniid_subclasses is None else list(noniid_subclasses)
+        noniid_subclasses = [1, 2] if noniid_subclasses is None else list(noniid_subclasses)
         require(dataset in SOURCES, "tasks.dataset", dataset, f"one of {', '.join(SOURCES)}")
         require(
             num_participants >= 1, "tasks.num_participants", num_participants, "an integer >= 1"

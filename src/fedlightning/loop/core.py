@@ -29,11 +29,14 @@ from fedlightning.loop.checkpoint import (
     make_checkpoint,
     remove_stale_temporaries,
 )
+from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
+from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.sampling import clients_per_round, sample_clients
+from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
@@ -92,6 +95,10 @@ class FederatedLoop:
         onednn: use oneDNN (MKL-DNN) CPU kernels during the run. Off by default: torch 2.14.1's
             oneDNN convolution backward corrupted the heap (the process aborts) on this project's
             CPUs; see :func:`fedlightning.training.cpu_compute`. No effect on GPU kernels.
+        target_acc: report the first evaluated round (and the wall time) at which ``test_acc``
+            reaches this value (``rounds_to_target``, ``time_to_target_s``;
+            :mod:`fedlightning.loop.targets`); null: off. Every evaluated row also has the
+            communication columns of :mod:`fedlightning.loop.communication`.
     """
 
     def __init__(
@@ -125,6 +132,7 @@ class FederatedLoop:
         gradient_clip_algorithm: Literal["norm", "value"] = "norm",
         num_threads: int | None = None,
         onednn: bool = False,
+        target_acc: float | None = None,
     ) -> None:
         require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
         require(
@@ -167,6 +175,10 @@ class FederatedLoop:
             "loop.num_threads", num_threads, "null or an integer >= 1",
         )  # fmt: skip
         require(
+            target_acc is None or 0.0 < target_acc <= 1.0,
+            "loop.target_acc", target_acc, "null or an accuracy in (0, 1]",
+        )  # fmt: skip
+        require(
             backend is None or isinstance(backend, Backend),
             "loop.backend", backend, "a Backend (AutoBackend, SequentialBackend, CohortBackend, RayBackend)",
         )  # fmt: skip
@@ -193,6 +205,8 @@ class FederatedLoop:
             progress_bar, plots,
         )  # fmt: skip
         self.history: list[dict[str, float]] = []
+        self.communication = CommunicationMeter()
+        self.target = TargetTracker(target_acc)
 
     @property
     def precision(self) -> str:
@@ -253,6 +267,9 @@ class FederatedLoop:
         self.aggregator.setup(
             initial, dm.num_clients, self.seed, client_keys=model.client_key_sets(dm.num_clients)
         )
+        needed = self.aggregator.initial_states_needed(per_round)
+        if needed:  # e.g. FedCross(independent_init=True): K independently initialised models
+            self.aggregator.set_initial_states(independent_states(model, needed, self.seed))
         start_round, wandb_id = 0, None
         if ckpt_path:
             start_round, wandb_id = self._restore(ckpt_path, dm)
@@ -271,7 +288,9 @@ class FederatedLoop:
                 client_ids = sample_clients(self.seed, r, dm.num_clients, per_round)
                 payloads = self.aggregator.configure_round(r, client_ids)
                 jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
-                outcome = sort_results(r, client_ids, self.backend.run(r, jobs))
+                results = self.backend.run(r, jobs)
+                traffic = self.communication.count(jobs, results)
+                outcome = sort_results(r, client_ids, results)
                 check_for_bug(r, r == start_round, outcome)
                 for cid, result in outcome.results:
                     self.store.put(cid, result.state)
@@ -302,15 +321,23 @@ class FederatedLoop:
                         "clients_failed": len(outcome.failed),
                         "clients_rejected": len(outcome.rejected),
                         "round_time_s": time.perf_counter() - round_start,
+                        **traffic,
+                        **self.aggregator.round_metrics(),
                     }
+                    self.target.add_time(metrics["round_time_s"])
+                    metrics.update(self.target.update(r + 1, metrics, last))
                     self.history.append(metrics)
                     self.reporter.log(metrics)
+                else:
+                    self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
                     self._save_checkpoint(r + 1, dm)
                 advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
         torch.save(self.aggregator.global_state(), self.run_dir / "global.pt")
         self.reporter.close()
-        self.reporter.done(metrics, self.rounds, time.perf_counter() - started)
+        self.reporter.done(
+            metrics, self.rounds, time.perf_counter() - started, self.target.summary()
+        )
         return metrics
 
     def _stop(self, r: int, succeeded: int, per_round: int) -> None:
@@ -327,6 +354,7 @@ class FederatedLoop:
             rounds_done, self.seed, dm.num_clients, dm.partition_hash(),
             self.aggregator.state_dict(), self.store.state_dict(), self.history,
             {"wandb": self.reporter.wandb_id()},
+            {"communication": self.communication.state_dict(), "target": self.target.state_dict()},
         )  # fmt: skip
         atomic_save(checkpoint, self.run_dir / "last.ckpt")
         self.store.commit()
@@ -336,6 +364,9 @@ class FederatedLoop:
         self.aggregator.load_state_dict(checkpoint["aggregator"])
         self.store.load_state_dict(checkpoint["clients"])
         self.history = list(checkpoint["history"])
+        meters = checkpoint.get("meters", {})
+        self.communication.load_state_dict(meters.get("communication", {}))
+        self.target.load_state_dict(meters.get("target", {}))
         rounds_done = int(checkpoint["round"])
         if rounds_done >= self.rounds:
             log.warning(

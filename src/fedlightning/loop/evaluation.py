@@ -3,7 +3,8 @@
 Each deployable model is scored on the global test set (``test_acc``, ``test_loss``; models other
 than ``"global"`` prefixed by their name, e.g. ``resnet10/test_acc``), the global model on every
 client's validation split (``val_acc``: the unweighted mean over clients of each client's
-accuracy), then the objective adds its own metrics (:meth:`ClientModule.evaluate_clients`).
+accuracy, with the distribution's sample-weighted mean, std, min and worst 10%:
+:mod:`fedlightning.loop.distribution`), then the objective adds its own metrics (:meth:`ClientModule.evaluate_clients`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from fedlightning.loop.distribution import accuracy_distribution
 from fedlightning.protocol import StateDict
 
 if TYPE_CHECKING:
@@ -54,8 +56,10 @@ class Evaluator:
     @torch.no_grad()
     def client_accuracy(
         self, model: ClientModule, x: Tensor, y: Tensor, owner: Tensor, batch_size: int
-    ) -> float:
-        """The unweighted mean over clients of each client's accuracy on its own samples."""
+    ) -> dict[str, float]:
+        """The distribution of each client's accuracy on its own samples
+        (:func:`~fedlightning.loop.distribution.accuracy_distribution`: ``val_acc`` is the
+        unweighted mean over clients, with ``_weighted``, ``_std``, ``_min`` and ``_worst10``)."""
         correct = torch.zeros(0, dtype=torch.float64, device=self.device)
         counts = torch.zeros(0, dtype=torch.float64, device=self.device)
         dtype = next(model.parameters()).dtype
@@ -68,8 +72,7 @@ class Evaluator:
             size = max(int(ob.max()) + 1, len(counts))
             correct = _pad(correct, size) + torch.bincount(ob, weights=hits, minlength=size)
             counts = _pad(counts, size) + torch.bincount(ob, minlength=size).to(torch.float64)
-        has_data = counts > 0
-        return float((correct[has_data] / counts[has_data]).mean())
+        return accuracy_distribution(correct, counts, "val_acc")
 
     def evaluate(
         self,
@@ -93,7 +96,7 @@ class Evaluator:
         model.load_network_state(deployables["global"])
         x, y, owner = dm.client_val_data()
         if len(y):
-            results["val_acc"] = self.client_accuracy(model, x, y, owner, dm.eval_batch_size)
+            results.update(self.client_accuracy(model, x, y, owner, dm.eval_batch_size))
         results.update(
             model.evaluate_clients(client_ids, store, dm.client_val_dataloader, self.device)
         )

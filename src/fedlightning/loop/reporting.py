@@ -106,9 +106,9 @@ class Reporter:
             task = progress.add_task("", total=total, completed=start)
             yield lambda description: progress.update(task, advance=1, description=description)
 
-    def done(self, metrics: dict[str, float], rounds: int, elapsed: float) -> None:
+    def done(self, metrics: dict[str, float], rounds: int, elapsed: float, note: str = "") -> None:
         if "test_acc" in metrics:
             self.console.print(
-                f"[bold]done[/]: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}, "
-                f"{elapsed:.1f} s; run directory {self.run_dir}"
+                f"[bold]done[/]: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}"
+                f"{note}, {elapsed:.1f} s; run directory {self.run_dir}"
             )

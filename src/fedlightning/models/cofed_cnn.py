@@ -20,17 +20,17 @@ from fedlightning.models.small import FeatureClassifier
 COFED_WIDTHS = (20, 24, 32, 40, 48, 56, 80, 96)
 
 
-def draw_cofed_widths(seed: int) -> tuple[int, ...]:
+def draw_cofed_widths(seed: int, replace: bool = True) -> tuple[int, ...]:
     """The conv widths of the random CoFED CNN of ``seed``.
 
-    depth ~ U{2, 3}; the widths are ``depth`` distinct values drawn uniformly without replacement
-    from :data:`COFED_WIDTHS` and sorted ascending, so the network never narrows with depth.
-    (The paper lists sorted widths; drawing distinct values is our choice, it makes every layer
-    strictly wider than the previous one.)
+    depth ~ U{2, 3}; the widths are ``depth`` values drawn uniformly from :data:`COFED_WIDTHS`,
+    with replacement (default: the authors' code; the paper's Table 1 has a "32, 32" network) or
+    without (``replace=False``: every layer strictly wider than the previous one), sorted
+    ascending, so the network never narrows with depth.
     """
     rng = np.random.default_rng(seed)
     depth = int(rng.integers(2, 4))
-    return tuple(sorted(int(w) for w in rng.choice(COFED_WIDTHS, size=depth, replace=False)))
+    return tuple(sorted(int(w) for w in rng.choice(COFED_WIDTHS, size=depth, replace=replace)))
 
 
 @register_model("cofed_cnn")

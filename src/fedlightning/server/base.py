@@ -137,6 +137,22 @@ class Aggregator(ABC):
             out[cid] = cache[keys]
         return out
 
+    def initial_states_needed(self, clients_per_round: int) -> int:
+        """How many independently initialised states the aggregator wants besides ``initial``
+        (e.g. FedCross's K middleware models with ``independent_init``); 0: none. The loop then
+        calls :meth:`set_initial_states` after :meth:`setup` with that many fresh initialisations of
+        the model (:func:`fedlightning.loop.initial_states.independent_states`)."""
+        return 0
+
+    def set_initial_states(self, states: Sequence[StateDict]) -> None:
+        """Receive the states asked for by :meth:`initial_states_needed`."""
+        raise NotImplementedError(f"{type(self).__name__} asks for no initial states")
+
+    def round_metrics(self) -> dict[str, float]:
+        """Server-side statistics of the last aggregated round, added to the loop's metrics row
+        (e.g. InCo's theta/beta); none by default."""
+        return {}
+
     @abstractmethod
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
         """The payload for each sampled client of round ``round_index`` (0-based): the

@@ -1,10 +1,10 @@
 """FedCross: Hu et al., "FedCross: Towards Accurate Federated Learning via Multi-Model
 Cross-Aggregation", ICDE 2024, arXiv:2210.08285 (docs/algorithms.md section 2.2).
 
-The maths are pure functions over state_dicts, tested on hand-made tensors:
-:func:`similarity_matrix`, :func:`select_collaborators`, :func:`propeller_collaborators`,
-:func:`cross_mix` and :func:`dynamic_alpha`. :class:`FedCross` only holds the K middleware models
-across rounds and applies the schedule.
+The maths are pure functions over state_dicts in :mod:`fedlightning.server.fedcross_maths`
+(re-exported here): :func:`similarity_matrix`, :func:`select_collaborators`,
+:func:`propeller_collaborators`, :func:`cross_mix` and :func:`dynamic_alpha`. :class:`FedCross`
+only holds the K middleware models across rounds and applies the schedule.
 """
 
 from __future__ import annotations
@@ -13,12 +13,23 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator, ClientKeys
+from fedlightning.server.fedcross_maths import (
+    MEASURES,
+    SELECTIONS,
+    Selection,
+    SimilarityMeasure,
+    cross_mix,
+    dynamic_alpha,
+    layer_groups,
+    propeller_collaborators,
+    select_collaborators,
+    similarity_matrix,
+)
 from fedlightning.server.functional import (
     clone_state,
     parameter_keys,
@@ -26,146 +37,16 @@ from fedlightning.server.functional import (
     weighted_average,
 )
 
-Selection = Literal["lowest_similarity", "highest_similarity", "in_order"]
-SimilarityMeasure = Literal["cosine", "layerwise"]
-SELECTIONS = ("lowest_similarity", "highest_similarity", "in_order")
-MEASURES = ("cosine", "layerwise")
-
-
-# -- pure functions ---------------------------------------------------------------------------------
-def layer_groups(keys: Sequence[str]) -> list[list[str]]:
-    """``keys`` grouped by owning module (``conv1.weight`` and ``conv1.bias`` form one layer), in
-    order of first appearance."""
-    groups: dict[str, list[str]] = {}
-    for key in keys:
-        groups.setdefault(key.rsplit(".", 1)[0] if "." in key else "", []).append(key)
-    return list(groups.values())
-
-
-def _gram(states: Sequence[StateDict], keys: Sequence[str]) -> Tensor:
-    """``G[i, j] = <flat_i, flat_j>`` over ``keys`` in float64, one key at a time (memory K x |key|)."""
-    gram = torch.zeros(len(states), len(states), dtype=torch.float64)
-    for key in keys:
-        rows = torch.stack([s[key].detach().reshape(-1).to("cpu", torch.float64) for s in states])
-        gram += rows @ rows.T
-    return gram
-
-
-def _cosine_from_gram(gram: Tensor) -> Tensor:
-    norms = gram.diagonal().clamp_min(0).sqrt()
-    denominator = torch.outer(norms, norms)
-    # a zero-norm model has no direction: its cosine with anything is taken as 0
-    return torch.where(
-        denominator > 0, gram / denominator.clamp_min(torch.finfo(gram.dtype).tiny), 0.0
-    )
-
-
-def similarity_matrix(
-    states: Sequence[StateDict],
-    measure: SimilarityMeasure = "cosine",
-    keys: Sequence[str] | None = None,
-) -> Tensor:
-    """The K x K (float64, symmetric) similarity of the models ``states``.
-
-    ``cosine``: ``<X, Y> / (||X|| ||Y||)`` of the models flattened over ``keys`` (the paper's
-    equation (5) with the product of norms). ``layerwise`` (the authors' code): the sum over layers of
-    the cosine of each layer's flattened (weight, bias) pair, so it lies in ``[-L, L]`` for L layers.
-    ``keys`` defaults to :func:`parameter_keys` of the first state.
-    """
-    if measure not in MEASURES:
-        raise ValueError(f"similarity measure must be one of {MEASURES}, got {measure!r}")
-    if not states:
-        raise ValueError("similarity_matrix needs at least one state_dict")
-    keys = parameter_keys(states[0]) if keys is None else list(keys)
-    if measure == "cosine":
-        return _cosine_from_gram(_gram(states, keys))
-    total = torch.zeros(len(states), len(states), dtype=torch.float64)
-    for group in layer_groups(keys):
-        total += _cosine_from_gram(_gram(states, group))
-    return total
-
-
-def select_collaborators(
-    similarity: Tensor, round: int, strategy: Selection = "lowest_similarity"
-) -> list[int]:
-    """The collaborator ``co(i) != i`` of each of the K trained models (docs/algorithms.md
-    section 2.2 step 3).
-
-    ``in_order``: ``co(i) = (i + (round mod (K-1)) + 1) mod K`` (the similarity values are not used,
-    only K), so over K-1 consecutive rounds every other model is i's collaborator exactly once.
-    ``highest_similarity`` / ``lowest_similarity``: ``argmax`` / ``argmin`` over ``j != i`` of
-    ``similarity[i, j]``; ties go to the smallest j.
-
-    Example:
-        >>> sim = torch.tensor([[1.0, 0.9, 0.1], [0.9, 1.0, 0.5], [0.1, 0.5, 1.0]])
-        >>> select_collaborators(sim, 0, "lowest_similarity")
-        [2, 2, 0]
-        >>> select_collaborators(sim, 0, "highest_similarity")
-        [1, 0, 1]
-        >>> select_collaborators(sim, 1, "in_order")
-        [2, 0, 1]
-    """
-    if similarity.ndim != 2 or similarity.shape[0] != similarity.shape[1]:
-        raise ValueError(f"similarity must be a K x K matrix, got shape {tuple(similarity.shape)}")
-    k = similarity.shape[0]
-    if k < 2:
-        raise ValueError(f"collaborators need at least 2 models, got {k}")
-    if strategy == "in_order":
-        offset = round % (k - 1) + 1
-        return [(i + offset) % k for i in range(k)]
-    if strategy not in SELECTIONS:
-        raise ValueError(f"strategy must be one of {SELECTIONS}, got {strategy!r}")
-    # i is left out by position, not by an infinite diagonal, so co(i) != i even when a row holds
-    # +-inf; the index into row i without its diagonal maps back as j = t + (t >= i)
-    values = similarity.detach().to("cpu", torch.float64)
-    others = values[~torch.eye(k, dtype=torch.bool)].reshape(k, k - 1)
-    t = others.argmax(dim=1) if strategy == "highest_similarity" else others.argmin(dim=1)
-    return (t + (t >= torch.arange(k)).long()).tolist()
-
-
-def propeller_collaborators(num_models: int, round: int) -> list[tuple[int, int]]:
-    """The two in-order propeller models ``(p1(i), p2(i))`` of each model i (paper 3.2.4).
-
-    ``p1(i) = (i + o) mod K`` and ``p2(i) = (i + o + 1) mod K`` with ``o = (round mod (K-1)) + 1``,
-    skipping i itself: ``p1`` is the in-order collaborator and ``p2`` the next model after it in the
-    ring of the others. With K = 2 both are the one other model.
-    """
-    if num_models < 2:
-        raise ValueError(f"propeller models need at least 2 models, got {num_models}")
-    offset = round % (num_models - 1)
-    pairs = []
-    for i in range(num_models):
-        others = [(i + 1 + t) % num_models for t in range(num_models - 1)]
-        pairs.append((others[offset], others[(offset + 1) % (num_models - 1)]))
-    return pairs
-
-
-def cross_mix(own: StateDict, collaborators: Sequence[StateDict], alpha: float) -> StateDict:
-    """``alpha * own + (1 - alpha) * mean(collaborators)`` (step 4; propellers pass two).
-
-    Float entries, BatchNorm running statistics included, are mixed like parameters (a BN layer's
-    statistics then stay consistent with its mixed weights); integer entries (``num_batches_tracked``)
-    are ``own``'s. Computed in float64, cast back to each entry's dtype.
-
-    Example:
-        >>> mixed = cross_mix({"w": torch.tensor([1.0])}, [{"w": torch.tensor([3.0])}], alpha=0.75)
-        >>> mixed["w"]
-        tensor([1.5000])
-    """
-    if not collaborators:
-        raise ValueError("cross_mix needs at least one collaborator")
-    share = (1.0 - alpha) / len(collaborators)
-    return weighted_average([own, *collaborators], [alpha] + [share] * len(collaborators))
-
-
-def dynamic_alpha(step: int, alpha_start: float, alpha_step: float, alpha_max: float) -> float:
-    """The dynamic-alpha ramp ``min(alpha_max, alpha_start + step * alpha_step)``.
-
-    Example:
-        >>> dynamic_alpha(10, 0.5, 0.005, 0.99), dynamic_alpha(1000, 0.5, 0.005, 0.99)
-        (0.55, 0.99)
-    """
-    return min(alpha_max, alpha_start + step * alpha_step)
+__all__ = [
+    "FedCross",
+    "cross_mix",
+    "dynamic_alpha",
+    "layer_groups",
+    "parameter_keys",
+    "propeller_collaborators",
+    "select_collaborators",
+    "similarity_matrix",
+]
 
 
 # -- the aggregator ---------------------------------------------------------------------------------
@@ -181,9 +62,11 @@ class FedCross(Aggregator):
 
     with ``co(i)`` from :func:`select_collaborators` on :func:`similarity_matrix` of the trained
     models and ``p1, p2`` from :func:`propeller_collaborators`. ``alpha_r = alpha`` except in the
-    dynamic-alpha rounds ``[a, b)``, where ``alpha_r = min(alpha, alpha_start + (r - a) *
-    alpha_step)`` (the ramp starts where its range starts; with ``a = 0`` this is
-    docs/algorithms.md's ``alpha_start + r * alpha_step``). The deployable global model is the uniform mean of the K
+    dynamic-alpha rounds ``[a, b)``, where ``alpha_r = min(alpha, alpha_start + r * alpha_step)``
+    with the absolute round r (``alpha_ramp="absolute"``, the spec: one ramp continuous over the
+    whole schedule) or ``min(alpha, alpha_start + (r - a) * alpha_step)``
+    (``alpha_ramp="range_start"``: the ramp restarts at ``a``, so "w/ PM-DA" with a late R1 still
+    ramps; with the absolute ramp and the defaults, alpha reaches 0.99 at r = 98). The deployable global model is the uniform mean of the K
     middleware models; it never trains. Rounds ``r < first_stage_bound`` are a FedAvg warm-up: the
     uploads' sample-weighted mean (as the authors' code) replaces every middleware model.
 
@@ -202,8 +85,11 @@ class FedCross(Aggregator):
     among themselves as if K were K' (``in_order`` and propellers on the ring of the K' trained
     indices). A single trained model takes its trained weights (no collaborator exists).
 
-    All middleware models start from the one ``initial`` state the loop gives :meth:`setup`; K
-    independent initialisations would need the model builder, which the server does not have.
+    All middleware models start from the one ``initial`` state the loop gives :meth:`setup`, or,
+    with ``independent_init=True`` (Algorithm 1 line 2), from K independent initialisations: the
+    loop asks :meth:`initial_states_needed` and feeds :meth:`set_initial_states` with K fresh
+    initialisations of the model, the i-th seeded from ``derive_seed(seed, "initial-state", i)``
+    (:func:`fedlightning.loop.initial_states.independent_states`).
 
     Args:
         alpha: the own model's share ``alpha`` in ``[0.5, 1.0)``; the paper's default 0.99.
@@ -217,6 +103,9 @@ class FedCross(Aggregator):
         first_stage_bound: rounds of FedAvg warm-up (authors' code; 0 = none).
         propeller_rounds: rounds ``r < propeller_rounds`` use two propeller collaborators.
         dynamic_alpha_rounds: ``[a, b]``: rounds ``a <= r < b`` use the dynamic-alpha ramp.
+        alpha_ramp: ``absolute`` (default, the spec: ``r`` counts from round 0) or
+            ``range_start`` (``r - a``: the ramp restarts where its range starts).
+        independent_init: K independently initialised middleware models instead of K copies.
         alpha_start: the ramp's first value, in ``[0.5, alpha]``.
         alpha_step: the ramp's increase per round (> 0).
         evaluate_middleware: also evaluate every middleware model (metrics ``middleware_<i>/...``).
@@ -234,6 +123,8 @@ class FedCross(Aggregator):
         alpha_start: float = 0.5,
         alpha_step: float = 0.005,
         evaluate_middleware: bool = False,
+        alpha_ramp: Literal["absolute", "range_start"] = "absolute",
+        independent_init: bool = False,
     ) -> None:
         super().__init__()
         _require(0.5 <= alpha < 1.0, "alpha", alpha, "a number in [0.5, 1.0)")
@@ -260,6 +151,12 @@ class FedCross(Aggregator):
             f"a number in [0.5, alpha={alpha}]",
         )
         _require(alpha_step > 0, "alpha_step", alpha_step, "a number > 0")
+        _require(
+            alpha_ramp in ("absolute", "range_start"),
+            "alpha_ramp", alpha_ramp, "'absolute' or 'range_start'",
+        )  # fmt: skip
+        self.alpha_ramp = alpha_ramp
+        self.independent_init = independent_init
         self.alpha = alpha
         self.selection = selection
         self.similarity = similarity
@@ -282,9 +179,8 @@ class FedCross(Aggregator):
         if self.dynamic_alpha_rounds is not None:
             start, end = self.dynamic_alpha_rounds
             if start <= round_index < end:
-                return dynamic_alpha(
-                    round_index - start, self.alpha_start, self.alpha_step, self.alpha
-                )
+                t = round_index if self.alpha_ramp == "absolute" else round_index - start
+                return dynamic_alpha(t, self.alpha_start, self.alpha_step, self.alpha)
         return self.alpha
 
     def uses_propellers(self, round_index: int) -> bool:
@@ -313,6 +209,23 @@ class FedCross(Aggregator):
         self.k = self.num_models
         self.models = []
         self._assignment = {}
+        self._global = None
+
+    def initial_states_needed(self, clients_per_round: int) -> int:
+        """K independent initial states when ``independent_init``, else none."""
+        if not self.independent_init:
+            return 0
+        return self.num_models if self.num_models is not None else clients_per_round
+
+    def set_initial_states(self, states: Sequence[StateDict]) -> None:
+        """Start middleware model i from ``states[i]`` (K = ``len(states)``)."""
+        for state in states:
+            if set(state) != set(self.initial):
+                raise ConfigurationError(
+                    "FedCross independent initial states must have the server model's keys"
+                )
+        self.models = [clone_state(state) for state in states]
+        self.k = len(self.models)
         self._global = None
 
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:

@@ -23,14 +23,16 @@ from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.inco_pairs import (
     PAIR_RULES,
     inco_pairs,
+    paper_layer0,
     register_pair_rule,
     resnet_pairs,
     vit_pairs,
 )
+from fedlightning.server.inco_stats import pair_statistics
 
 __all__ = [
     "CLIP", "C_MAX", "PAIR_RULES", "VARIANTS", "InCo", "cross_layer_update", "inco_apply",
-    "inco_pairs", "register_pair_rule", "resnet_pairs", "vit_pairs",
+    "inco_pairs", "paper_layer0", "register_pair_rule", "resnet_pairs", "vit_pairs",
 ]  # fmt: skip
 
 VARIANTS = ("official", "paper", "exact")
@@ -169,6 +171,15 @@ class InCo(Aggregator):
         pair_rule: ``auto`` (every registered rule: ResNet stages, ViT blocks), ``resnet``, ``vit``
             or any rule registered with :func:`register_pair_rule`.
         pairs: explicit ``[[deep key, layer-0 key], ...]`` instead of a rule.
+        layer0: ``paper`` (default): layer 0 is the first layer of the stage with the deep
+            layer's shape, as the paper words it (:func:`paper_layer0`); ``code``: the rule's own
+            (``layer{s}.0.conv2.weight``, the authors' code). They differ in ResNet stage 1.
+        update_divisor: the inner's server update of every float entry is divided by this before
+            InCo (the InCo ViT code divides the client update by E: set it to
+            ``loop.local_epochs``); 1: off.
+
+    :meth:`round_metrics` reports the pairs' ``theta``/``beta`` statistics of the round
+    (:func:`fedlightning.server.inco_stats.pair_statistics`).
     """
 
     def __init__(
@@ -179,6 +190,8 @@ class InCo(Aggregator):
         optimize: bool = True,
         pair_rule: str = "auto",
         pairs: list[list[str]] | None = None,
+        layer0: Literal["paper", "code"] = "paper",
+        update_divisor: float = 1.0,
     ) -> None:
         inner = FedAvg(weighting="uniform") if inner is None else inner
         require(
@@ -195,6 +208,11 @@ class InCo(Aggregator):
             pair_rule,
             f"'auto' or one of {', '.join(sorted(PAIR_RULES))}",
         )
+        require(layer0 in ("paper", "code"), "aggregator.layer0", layer0, "'paper' or 'code'")
+        require(update_divisor > 0, "aggregator.update_divisor", update_divisor, "a number > 0")
+        self.layer0 = layer0
+        self.update_divisor = update_divisor
+        self._stats: dict[str, float] = {}
         self.inner: FedAvg = inner  # type: ignore[assignment]
         self.variant = variant
         self.normalize = normalize
@@ -224,7 +242,7 @@ class InCo(Aggregator):
         client_keys: Sequence[ClientKeys] | None = None,
     ) -> None:
         self.inner.setup(initial, num_clients, seed, client_keys)
-        self.pairs = inco_pairs(initial, self.pair_rule, self.explicit_pairs)
+        self.pairs = inco_pairs(initial, self.pair_rule, self.explicit_pairs, self.layer0)
         if not self.pairs:
             raise ConfigurationError(
                 f"aggregator.pair_rule={self.pair_rule!r} finds no layer pairs in this model: InCo needs "
@@ -238,9 +256,19 @@ class InCo(Aggregator):
         inner, old = self.inner, self.inner.weights
         inner.aggregate(round_index, uploads)
         updated = {k for u in uploads for k in u.weights}
+        if self.update_divisor != 1:
+            inner.weights = {
+                k: (o.double() + (inner.weights[k].double() - o.double()) / self.update_divisor).to(o.dtype)
+                if o.is_floating_point() else inner.weights[k]
+                for k, o in old.items()
+            }  # fmt: skip
+        self._stats = pair_statistics(old, inner.weights, self.pairs, updated)
         inner.weights = inco_apply(
             old, inner.weights, self.pairs, updated, self.variant, self.normalize, self.optimize
         )
+
+    def round_metrics(self) -> dict[str, float]:
+        return dict(self._stats)
 
     def global_state(self) -> StateDict:
         return self.inner.global_state()

@@ -57,12 +57,46 @@ def vit_pairs(keys: Sequence[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+#: a deep layer's stage: a ResNet stage ``layer{s}.`` or a ViT block ``blocks.{i}.``
+_STAGE = re.compile(r"(.*?(?:layer\d+|blocks\.\d+)\.)")
+
+
+def paper_layer0(state: StateDict, deep: str) -> str | None:
+    """Layer 0 as the InCo paper words it: the first layer (``.weight`` key, in the model's order)
+    of ``deep``'s stage with ``deep``'s shape. For ResNets this is ``layer{s}.0.conv2.weight``
+    except in a stage whose block 0 keeps the width (stage 1 of the ResNet10..26 family), where
+    ``layer{s}.0.conv1.weight`` comes first; for ViT blocks it is ``norm1.weight`` as before.
+
+    >>> import torch
+    >>> w = lambda *s: torch.zeros(s)
+    >>> state = {"layer1.0.conv1.weight": w(4, 4, 3, 3), "layer1.0.conv2.weight": w(4, 4, 3, 3),
+    ...          "layer1.1.conv1.weight": w(4, 4, 3, 3), "layer2.0.conv1.weight": w(8, 4, 3, 3),
+    ...          "layer2.0.conv2.weight": w(8, 8, 3, 3), "layer2.1.conv1.weight": w(8, 8, 3, 3)}
+    >>> paper_layer0(state, "layer1.1.conv1.weight"), paper_layer0(state, "layer2.1.conv1.weight")
+    ('layer1.0.conv1.weight', 'layer2.0.conv2.weight')
+    """
+    match = _STAGE.match(deep)
+    if match is None:
+        return None
+    prefix, shape = match.group(1), state[deep].shape
+    for key in state:
+        if key.startswith(prefix) and key.endswith(".weight") and state[key].shape == shape:
+            return key if key != deep else None
+    return None
+
+
 def inco_pairs(
-    state: StateDict, rule: str = "auto", pairs: Iterable[Sequence[str]] | None = None
+    state: StateDict,
+    rule: str = "auto",
+    pairs: Iterable[Sequence[str]] | None = None,
+    layer0: str = "paper",
 ) -> list[tuple[str, str]]:
     """The (deep layer, layer 0) pairs of the model ``state``: the explicit ``pairs`` if given,
-    else those of the registered ``rule`` (``auto``: every registered rule). Both keys must exist
-    and have the same shape, and a layer 0 must not itself be a deep layer."""
+    else those of the registered ``rule`` (``auto``: every registered rule), whose layer 0 is then
+    re-chosen by :func:`paper_layer0` when ``layer0="paper"`` (``"code"``: the rule's own, the
+    authors' code). Both keys must exist and have the same shape, and a layer 0 must not itself be
+    a deep layer."""
+    require(layer0 in ("paper", "code"), "aggregator.layer0", layer0, "'paper' or 'code'")
     if pairs is not None:
         found = [(str(p[0]), str(p[1])) for p in pairs]
     elif rule == "auto":
@@ -75,6 +109,8 @@ def inco_pairs(
             f"'auto' or one of {', '.join(sorted(PAIR_RULES))}",
         )
         found = PAIR_RULES[rule](list(state))
+    if pairs is None and layer0 == "paper":
+        found = [(deep, paper_layer0(state, deep) or zero) for deep, zero in found]
     for deep, layer0 in found:
         for key in (deep, layer0):
             if key not in state:

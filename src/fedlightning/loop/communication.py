@@ -1,0 +1,85 @@
+"""Communication cost of a run, counted from what actually travels (docs/algorithms.md section 6).
+
+A message's size is the sum of ``Tensor.nbytes`` over its ``weights`` and every tensor in its
+``extras`` (nested dicts, lists and tuples are walked); a Python number in the extras counts 8
+bytes (it would travel as a 64-bit value), a string its UTF-8 length, ``None`` nothing, a NumPy
+array its ``nbytes`` and any other object (a user objective's own extras) its pickled size. The
+:class:`~fedlightning.protocol.Payload`'s ``model_index`` and the
+:class:`~fedlightning.protocol.Upload`'s bookkeeping fields (client id, sample and step counts,
+metrics) are metadata of a few bytes and are not counted, so FedCross, whose every client receives
+and uploads exactly one model, costs exactly what FedAvg costs.
+
+Per round: ``comm_sent_bytes`` is the server-to-client traffic (every dispatched payload, one copy
+per sampled client even when clients share one payload object), ``comm_received_bytes`` the
+client-to-server traffic (every upload that came back, including those the failure policy rejects
+as non-finite; a client that raised sent nothing). ``comm_sent_total`` and ``comm_received_total``
+accumulate over all rounds run so far, evaluated or not, and survive a resume.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from fedlightning.protocol import ClientJob, FitResult, Payload, Upload
+
+
+def nbytes(value: Any) -> int:
+    """Bytes of ``value`` on the wire: tensors and arrays by ``nbytes``, containers summed, numbers
+    8, strings their UTF-8 length, anything else its pickled size."""
+    if isinstance(value, Tensor):
+        return int(value.nbytes)
+    if isinstance(value, Mapping):
+        return sum(nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(nbytes(v) for v in value)
+    if isinstance(value, bool | int | float):
+        return 8
+    if isinstance(value, str):
+        return len(value.encode())
+    if value is None:
+        return 0
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    return len(pickle.dumps(value))
+
+
+def message_bytes(message: Payload | Upload) -> int:
+    """``sum nbytes(weights) + sum nbytes(extras)`` of one payload or upload."""
+    return nbytes(message.weights) + nbytes(message.extras)
+
+
+class CommunicationMeter:
+    """Counts the bytes of each round's payloads and uploads and keeps the running totals."""
+
+    def __init__(self) -> None:
+        self.sent_total = 0
+        self.received_total = 0
+
+    def count(
+        self, jobs: Iterable[ClientJob], results: Mapping[int, FitResult | BaseException]
+    ) -> dict[str, int]:
+        """One round: the jobs dispatched and the backend's results (exceptions send nothing)."""
+        sent = sum(message_bytes(job.payload) for job in jobs)
+        received = sum(
+            message_bytes(r.upload) for r in results.values() if isinstance(r, FitResult)
+        )
+        self.sent_total += sent
+        self.received_total += received
+        return {
+            "comm_sent_bytes": sent,
+            "comm_received_bytes": received,
+            "comm_sent_total": self.sent_total,
+            "comm_received_total": self.received_total,
+        }
+
+    def state_dict(self) -> dict[str, int]:
+        return {"sent_total": self.sent_total, "received_total": self.received_total}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.sent_total = int(state.get("sent_total", 0))
+        self.received_total = int(state.get("received_total", 0))
