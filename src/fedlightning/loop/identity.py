@@ -122,16 +122,25 @@ def compare_identity(ckpt_path: str, stored: Any, current: dict[str, Any]) -> No
                 "new run or resume from another checkpoint"
             )
         if stored[field] != current[field]:
+            name, old, new = _first_difference(field, stored[field], current[field])
             raise ConfigurationError(
-                f"ckpt_path={ckpt_path!r} was written by another run: {field} is "
-                f"{_short(stored[field])} in the checkpoint but {_short(current[field])} in this "
-                f"run; {todo}, or start a new run in another --loop.run_dir"
+                f"ckpt_path={ckpt_path!r} was written by another run: {name} is {_short(old)} "
+                f"in the checkpoint but {_short(new)} in this run; {todo}, or start a new run "
+                "in another --loop.run_dir"
             )
     if stored.get("library_version") != current["library_version"]:
         log.warning(
             "%s was written by fedlightning %s, this is %s: resuming (every compared field matches)",
             ckpt_path, stored.get("library_version"), current["library_version"],
         )  # fmt: skip
+
+
+def _first_difference(name: str, old: Any, new: Any) -> tuple[str, Any, Any]:
+    """Narrow two differing dicts to their first differing key (``aggregator_config.aggregation``)."""
+    while isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
+        key = next(k for k in old if old[k] != new[k])
+        name, old, new = f"{name}.{key}", old[key], new[key]
+    return name, old, new
 
 
 def _short(value: Any, limit: int = 200) -> str:
