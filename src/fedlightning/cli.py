@@ -40,6 +40,17 @@ class FederatedCLI(LightningCLI):
     def subcommands() -> dict[str, set[str]]:
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse, then check ``--ckpt_path`` (LightningCLI reads the file next, and a truncated or
+        garbage file must be a one-line error, not its traceback)."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path:
+            from fedlightning.loop.checkpoint import read_checkpoint
+
+            read_checkpoint(ckpt_path)
+
     def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """No ``seed_everything``: ``loop.seed`` is the one seed (applied before instantiation)."""
 

@@ -30,7 +30,7 @@ def integer_labels(raw: object, where: str) -> np.ndarray:
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         raise ConfigurationError(
-            f"{where}: labels must be integers, got {values[first]!r} at position {first}"
+            f"{where}: labels must be integers, got {float(values[first]):g} at position {first}"
         )
     return values.astype(np.int64)
 

@@ -102,6 +102,10 @@ def read_checkpoint(ckpt_path: str) -> dict[str, Any]:
     one-line ConfigurationError."""
     path = Path(ckpt_path)
     option = f"ckpt_path={ckpt_path!r}"
+    if path.is_dir():
+        raise ConfigurationError(
+            f"{option} is a directory: give the checkpoint file (e.g. {str(path / 'last.ckpt')!r})"
+        )
     if not path.is_file():
         raise ConfigurationError(f"{option} does not exist")
     if path.stat().st_size == 0:
