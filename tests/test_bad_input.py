@@ -5,7 +5,6 @@ foreign checkpoints, LEAF folders with bad data (see the ``made`` fixture)."""
 
 import json
 import re
-import shutil
 
 import pytest
 import torch
