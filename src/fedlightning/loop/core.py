@@ -282,7 +282,8 @@ class FederatedLoop:
             self._restore(ckpt_path, checkpoint)
             self._last_checkpoint = (checkpoint["round"], ckpt_path)
         self.backend.on_client_done = self.reporter.client_done
-        with RunDirectory(self.run_dir, self.overwrite and checkpoint is None):
+        resuming = checkpoint is not None
+        with RunDirectory(self.run_dir, self.overwrite and not resuming, resuming=resuming):
             with (
                 cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
                 quiet_lightning(),

@@ -88,14 +88,19 @@ def check_run_dir(
             f"{option}={str(run_dir)!r} is in use by another run (pid {holder}): wait for it to "
             "end or choose another directory"
         )
+    _refuse_results(path, option, resuming, overwrite)
+    return path
+
+
+def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) -> None:
     results = [name for name in RESULT_FILES if (path / name).exists()]
     if results and not (resuming or overwrite):
+        flag = "--overwrite" if option == "run_dir" else f"--{option.replace('run_dir', 'overwrite')}"
         raise ConfigurationError(
-            f"{option}={str(run_dir)!r} already holds another run's results "
+            f"{option}={str(path)!r} already holds another run's results "
             f"({', '.join(results)}): resume it with --ckpt_path {path / 'last.ckpt'}, replace it "
-            f"with --{option.replace('.run_dir', '.overwrite')} true, or choose another directory"
+            f"with {flag} true, or choose another directory"
         )
-    return path
 
 
 def lock_holder(run_dir: Path) -> str | None:
@@ -125,9 +130,16 @@ class RunDirectory:
     :class:`StorageError` when the directory cannot be created.
     """
 
-    def __init__(self, path: Path, overwrite: bool = False, option: str = "loop.run_dir") -> None:
+    def __init__(
+        self,
+        path: Path,
+        overwrite: bool = False,
+        option: str = "loop.run_dir",
+        resuming: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.overwrite = overwrite
+        self.resuming = resuming
         self.option = option
         self._handle = None
         self._created = False
@@ -154,6 +166,11 @@ class RunDirectory:
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         self._handle = handle
+        try:  # again under the lock: a run that ended since check_run_dir may have left results
+            _refuse_results(self.path, self.option, self.resuming, self.overwrite)
+        except ConfigurationError:
+            self.__exit__(ConfigurationError, None, None)
+            raise
         if self.overwrite:
             self.clear()
         return self
