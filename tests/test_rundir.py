@@ -62,6 +62,7 @@ def test_a_run_in_use_is_refused_at_once_and_a_killed_runs_lock_is_stale(cli, tm
     assert [int(r["round"]) for r in rows] == list(range(1, done + 3))
 
 
+@pytest.mark.slow  # two processes importing torch and Lightning side by side: about 60 s here
 def test_two_runs_started_together_never_both_write(tmp_path):
     run_dir = tmp_path / "race"
     processes = [
@@ -74,7 +75,10 @@ def test_two_runs_started_together_never_both_write(tmp_path):
     codes = sorted(code for code, _ in outcomes)
     assert codes == [0, 2], outcomes
     refused = next(err for code, err in outcomes if code == 2)
-    assert "is in use by another run (pid" in refused or "already holds another run's results" in refused
+    assert (
+        "is in use by another run (pid" in refused
+        or "already holds another run's results" in refused
+    )
     assert "Traceback" not in refused
     rows = _rows(run_dir)
     assert [int(r["round"]) for r in rows] == [1, 2, 3]  # one run's rows, not interleaved
@@ -90,7 +94,9 @@ def test_overwrite_replaces_an_earlier_run_and_only_when_asked(cli, tmp_path, ca
     assert exit_info.value.code == 2
     assert "already holds another run's results" in capsys.readouterr().err
     assert (run_dir / "global.pt").read_bytes() == before and len(_rows(run_dir)) == 3
-    rows = cli(run_dir, "--loop.rounds", "2", "--loop.overwrite", "true", config="scaffold_tiny.yaml")
+    rows = cli(
+        run_dir, "--loop.rounds", "2", "--loop.overwrite", "true", config="scaffold_tiny.yaml"
+    )
     assert [int(r["round"]) for r in rows] == [1, 2]
     assert not (run_dir / "client_state").exists()  # the old run's state files went with it
     assert torch.load(run_dir / "last.ckpt", weights_only=True)["round"] == 2
@@ -99,10 +105,25 @@ def test_overwrite_replaces_an_earlier_run_and_only_when_asked(cli, tmp_path, ca
 def test_a_refused_resume_leaves_config_and_partition_untouched(cli, tmp_path, capsys):
     run_dir = tmp_path / "run"
     cli(run_dir, "--loop.rounds", "2")
-    files = ("config.yaml", "partition.csv", "partition.png", "metrics.csv", "last.ckpt", "global.pt")
+    files = (
+        "config.yaml",
+        "partition.csv",
+        "partition.png",
+        "metrics.csv",
+        "last.ckpt",
+        "global.pt",
+    )
     before = {name: (run_dir / name).read_bytes() for name in files}
     with pytest.raises(SystemExit) as exit_info:
-        cli(run_dir, "--loop.rounds", "4", "--loop.seed", "7", "--ckpt_path", str(run_dir / "last.ckpt"))
+        cli(
+            run_dir,
+            "--loop.rounds",
+            "4",
+            "--loop.seed",
+            "7",
+            "--ckpt_path",
+            str(run_dir / "last.ckpt"),
+        )
     assert exit_info.value.code == 2
     assert "seed is 0 in the checkpoint but 7 in this run" in capsys.readouterr().err
     assert {name: (run_dir / name).read_bytes() for name in files} == before
@@ -113,7 +134,16 @@ def test_cofed_refuses_an_earlier_runs_directory_unless_told(tmp_path, capsys):
 
     def cofed(*extra):
         sys.argv = ["fedlightning"]
-        main(["cofed", "--config", str(CONF / "cofed_tabular_tiny.yaml"), "--run_dir", str(run_dir), *extra])
+        main(
+            [
+                "cofed",
+                "--config",
+                str(CONF / "cofed_tabular_tiny.yaml"),
+                "--run_dir",
+                str(run_dir),
+                *extra,
+            ]
+        )
 
     cofed()
     summary = (run_dir / "summary.json").read_bytes()
@@ -121,7 +151,11 @@ def test_cofed_refuses_an_earlier_runs_directory_unless_told(tmp_path, capsys):
         cofed("--seed", "3")
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "run_dir=" in err and "already holds another run's results" in err and "--overwrite true" in err
+    assert (
+        "run_dir=" in err
+        and "already holds another run's results" in err
+        and "--overwrite true" in err
+    )
     assert (run_dir / "summary.json").read_bytes() == summary
     cofed("--seed", "3", "--overwrite", "true")
     assert "seed: 3" in (run_dir / "config.yaml").read_text()

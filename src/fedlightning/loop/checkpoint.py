@@ -11,6 +11,7 @@ directory, with the previous checkpoint untouched.
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -41,7 +42,11 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
+            # into memory first, then one plain write: a full disk is an OSError (ENOSPC), never
+            # torch's writer failing deep inside its C++ container
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            handle.write(buffer.getbuffer())
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -95,7 +95,9 @@ def check_run_dir(
 def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) -> None:
     results = [name for name in RESULT_FILES if (path / name).exists()]
     if results and not (resuming or overwrite):
-        flag = "--overwrite" if option == "run_dir" else f"--{option.replace('run_dir', 'overwrite')}"
+        flag = (
+            "--overwrite" if option == "run_dir" else f"--{option.replace('run_dir', 'overwrite')}"
+        )
         raise ConfigurationError(
             f"{option}={str(path)!r} already holds another run's results "
             f"({', '.join(results)}): resume it with --ckpt_path {path / 'last.ckpt'}, replace it "
