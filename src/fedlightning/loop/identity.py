@@ -42,27 +42,35 @@ def class_path(obj: Any) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def object_config(obj: Any) -> dict[str, Any]:
+def object_config(obj: Any, depth: int = 0) -> dict[str, Any]:
     """The constructor arguments of ``obj`` that it keeps as attributes of the same name (nested
     objects, e.g. InCo's ``inner`` aggregator, as ``{"class_path", "init_args"}``)."""
     config: dict[str, Any] = {}
-    for name in inspect.signature(type(obj).__init__).parameters:
+    try:
+        parameters = inspect.signature(type(obj).__init__).parameters
+    except (TypeError, ValueError):  # a builtin: no Python signature
+        return config
+    for name in parameters:
         if name == "self" or not hasattr(obj, name):
             continue
-        config[name] = _plain(getattr(obj, name))
+        config[name] = _plain(getattr(obj, name), depth)
     return config
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [_plain(v, depth) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _plain(v, depth) for k, v in value.items()}
     if isinstance(value, torch.Tensor):
         return f"tensor{tuple(value.shape)}"
-    return {"class_path": class_path(value), "init_args": object_config(value)}
+    if callable(value) and not hasattr(value, "__dict__"):
+        return class_path(value)
+    if depth >= 3:  # deep object graphs (a network passed as an object): its class says enough
+        return class_path(value)
+    return {"class_path": class_path(value), "init_args": object_config(value, depth + 1)}
 
 
 def architecture(state: dict[str, torch.Tensor]) -> str:
