@@ -63,6 +63,7 @@ CASES = [
     (["--loop.run_dir", "{made}/file.txt"], r"loop.run_dir='.*file.txt' is a file"),
     (["--loop.run_dir", "{made}/file.txt/sub"], r"loop.run_dir='.*sub' lies under the file"),
     (["--loop.run_dir", "{made}/done"], r"already holds another run's results \(metrics.csv, last.ckpt, global.pt\).*--loop.overwrite true"),
+    (["--loop.run_dir", "{made}/done", "--ckpt_path", "{made}/copied.ckpt"], r"already holds another run's results"),
     (["--loop.log_every", "0"], r"loop.log_every=0 .*>= 1"),
     (["--loop.max_skipped_fraction", "1.5"], r"loop.max_skipped_fraction=1.5 .*\[0, 1\]"),
     (["--loop.max_skipped_fraction", "-0.1"], r"loop.max_skipped_fraction=-0.1 .*\[0, 1\]"),
@@ -145,6 +146,7 @@ def made(tmp_path_factory):
     checkpoint = root / "done" / "last.ckpt"
     data = checkpoint.read_bytes()
     (root / "file.txt").write_text("not a directory\n")
+    (root / "copied.ckpt").write_bytes(data)  # a checkpoint kept outside its run directory
     (root / "empty.ckpt").write_bytes(b"")
     (root / "garbage.ckpt").write_bytes(b"\x00garbage, not a checkpoint" * 40)
     (root / "truncated.ckpt").write_bytes(data[: len(data) // 2])

@@ -36,7 +36,13 @@ from fedlightning.loop.failures import check_for_bug, sort_results
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.reporting import Reporter
-from fedlightning.loop.rundir import RunDirectory, check_run_dir, interrupted, storage_error
+from fedlightning.loop.rundir import (
+    RunDirectory,
+    check_run_dir,
+    interrupted,
+    resumes_in,
+    storage_error,
+)
 from fedlightning.loop.sampling import clients_per_round, sample_clients
 from fedlightning.loop.summary import RunSummary
 from fedlightning.protocol import ClientJob, FitConfig
@@ -265,7 +271,10 @@ class FederatedLoop:
         check_accelerator(self.fit_config.accelerator)
         validate_datamodule(datamodule)
         checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
-        check_run_dir(self.run_dir, resuming=checkpoint is not None, overwrite=self.overwrite)
+        # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
+        # not take over a directory holding another run's results (unless overwrite)
+        resuming = bool(ckpt_path) and resumes_in(ckpt_path, self.run_dir)
+        check_run_dir(self.run_dir, resuming=resuming, overwrite=self.overwrite)
         initial = {
             k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()
         }
@@ -282,8 +291,8 @@ class FederatedLoop:
             self._restore(ckpt_path, checkpoint)
             self._last_checkpoint = (checkpoint["round"], ckpt_path)
         self.backend.on_client_done = self.reporter.client_done
-        resuming = checkpoint is not None
-        with RunDirectory(self.run_dir, self.overwrite and not resuming, resuming=resuming):
+        overwrite = self.overwrite and checkpoint is None  # a resume rewrites its history itself
+        with RunDirectory(self.run_dir, overwrite, resuming=resuming or self.overwrite):
             with (
                 cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
                 quiet_lightning(),
@@ -292,7 +301,7 @@ class FederatedLoop:
                     self.backend.start(model, datamodule, self.fit_config)
                     return self._run(model, datamodule, per_round, checkpoint)
                 except KeyboardInterrupt:
-                    raise interrupted(self._last_checkpoint) from None
+                    raise interrupted(self._newest_checkpoint()) from None
                 except OSError as error:  # the run's own files: never a client failure
                     raise storage_error(error, self.run_dir, "write the run's files") from None
                 finally:
@@ -397,6 +406,15 @@ class FederatedLoop:
         atomic_save(checkpoint, self.run_dir / "last.ckpt")
         self._last_checkpoint = (rounds_done, str(self.run_dir / "last.ckpt"))
         self.store.commit()
+
+    def _newest_checkpoint(self) -> tuple[int, str] | None:
+        """``(rounds, path)`` of the checkpoint that resumes this run now: the file on disk is the
+        truth (a Ctrl-C may land between its rename and the bookkeeping after it)."""
+        path = self.run_dir / "last.ckpt"
+        try:
+            return int(read_checkpoint(str(path))["round"]), str(path)
+        except ConfigurationError:
+            return self._last_checkpoint
 
     def _restore(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
         """Check ``checkpoint`` belongs to this run and load its server and client state (its

@@ -105,6 +105,11 @@ def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) ->
         )
 
 
+def resumes_in(ckpt_path: str | Path, run_dir: str | Path) -> bool:
+    """Whether ``ckpt_path`` lies in ``run_dir`` (a resume that continues that directory's run)."""
+    return Path(ckpt_path).resolve().parent == Path(run_dir).resolve()
+
+
 def lock_holder(run_dir: Path) -> str | None:
     """The pid (as written in the lock file) of a live run holding ``run_dir``'s lock, else None."""
     lock = run_dir / LOCK_NAME
