@@ -1,10 +1,15 @@
 """Every bad option is refused through the CLI before any training, with a message that names the
-option, the bad value and what is allowed."""
+option, the bad value and what is allowed, and nothing is written (the run directory is not even
+created). ``{made}`` in a case stands for a folder of prepared inputs: a finished run, broken and
+foreign checkpoints, LEAF folders with bad data (see the ``made`` fixture)."""
 
 import json
 import re
 
 import pytest
+import torch
+
+from conftest import run_cli
 
 AGG = "--loop.aggregator"
 CASES = [
@@ -48,18 +53,142 @@ CASES = [
     ([AGG, "fedlightning.server.FedAvgM", f"{AGG}.server_momentum", "1.0"], r"server_momentum=1.0 .*\[0, 1\)"),
     ([AGG, "fedlightning.server.FedAdam", f"{AGG}.tau", "0"], r"tau=0.0 .*> 0"),
     ([AGG, "fedlightning.server.InCo", f"{AGG}.inner", "fedlightning.server.FedCross"], r"inner='FedCross' .*one global model"),
+    # loop options, walked one by one (issue 16)
+    (["--loop.seed", "-1"], r"loop.seed=-1 is not allowed: expected an integer in \[0, 4294967295\]"),
+    (["--loop.seed", str(2**70)], rf"loop.seed={2**70} is not allowed"),
+    (["--loop.seed", str(2**32)], rf"loop.seed={2**32} is not allowed"),
+    (["--loop.accelerator", "tpu"], r"loop.accelerator='tpu' .*one of auto, cpu, gpu"),
+    (["--loop.run_dir", ""], r"loop.run_dir='' is not allowed: expected a directory path"),
+    (["--loop.run_dir", "   "], r"loop.run_dir='   ' is not allowed"),
+    (["--loop.run_dir", "{made}/file.txt"], r"loop.run_dir='.*file.txt' is a file"),
+    (["--loop.run_dir", "{made}/file.txt/sub"], r"loop.run_dir='.*sub' lies under the file"),
+    (["--loop.run_dir", "{made}/done"], r"already holds another run's results \(metrics.csv, last.ckpt, global.pt\).*--loop.overwrite true"),
+    (["--loop.run_dir", "{made}/done", "--ckpt_path", "{made}/copied.ckpt"], r"already holds another run's results"),
+    (["--loop.log_every", "0"], r"loop.log_every=0 .*>= 1"),
+    (["--loop.max_skipped_fraction", "1.5"], r"loop.max_skipped_fraction=1.5 .*\[0, 1\]"),
+    (["--loop.max_skipped_fraction", "-0.1"], r"loop.max_skipped_fraction=-0.1 .*\[0, 1\]"),
+    (["--loop.checkpoint_every", "0"], r"loop.checkpoint_every=0 .*>= 1"),
+    (["--loop.local_steps", "0"], r"loop.local_steps=0 .*null or an integer >= 1"),
+    (["--loop.min_clients", "0"], r"loop.min_clients=0 .*>= 1"),
+    (["--loop.gradient_clip_val", "0"], r"loop.gradient_clip_val=0.0 .*> 0"),
+    (["--loop.gradient_clip_val", "-1"], r"loop.gradient_clip_val=-1.0 .*> 0"),
+    (["--loop.gradient_clip_algorithm", "foo"], r"gradient_clip_algorithm.*foo"),
+    (["--loop.num_threads", "0"], r"loop.num_threads=0 .*>= 1"),
+    (["--loop.devices", "2"], r"loop.devices=2 .*expected 1"),
+    (["--loop.client_state", "cloud"], r"client_state.*cloud"),
+    (["--loop.on_round_failure", "ignore"], r"on_round_failure.*ignore"),
+    (["--loop.fit_with", "magic"], r"fit_with.*magic"),
+    (["--loop.clients_per_round", "0"], r"loop.clients_per_round=0 .*an integer >= 1"),
+    (["--loop.rounds", "-3"], r"loop.rounds=-3 .*>= 1"),
+    (["--loop.eval_every", "-1"], r"loop.eval_every=-1 .*>= 1"),
+    (["--loop.local_epochs", "-2"], r"loop.local_epochs=-2 .*>= 1"),
+    (["--loop.backend", "NoSuchBackend"], r"NoSuchBackend"),
+    (["--loop.backend", "CohortBackend", "--model", "user_clients.ScheduledClient"], r"loop.backend=CohortBackend cannot train this run: it does not step LR schedulers"),
+    (["--loop.backend", "RayBackend", "--loop.backend.num_workers", "0"], r"num_workers=0 .*>= 1"),
+    (["--loop.backend", "RayBackend", "--loop.backend.num_cpus_per_client", "0"], r"num_cpus_per_client=0 .*>= 1"),
+    (["--loop.backend", "RayBackend", "--loop.backend.num_gpus_per_client", "-1"], r"num_gpus_per_client=-1.0 .*>= 0"),
+    (["--data.num_clients", "0"], r"num_clients must be >= 1, got 0"),
+    (["--data.val_fraction", "-0.1"], r"val_fraction must lie in \[0, 1\), got -0.1"),
+    (["--data.resize", "0"], r"resize must be a positive image size or null, got 0"),
+    (["--data.batch_size", "-1"], r"batch_size.*must be >= 1.*-1"),
+    (["--model.init_args.lr", "0"], r"lr must be > 0, got 0"),
+    # checkpoints: unreadable, inconsistent, or another run's (one line each, never a traceback)
+    (["--ckpt_path", "{made}/empty.ckpt"], r"ckpt_path='.*empty.ckpt' is empty \(0 bytes\)"),
+    (["--ckpt_path", "{made}/garbage.ckpt"], r"ckpt_path='.*garbage.ckpt' cannot be read .*truncated, corrupted or not a fedlightning checkpoint"),
+    (["--ckpt_path", "{made}/truncated.ckpt"], r"ckpt_path='.*truncated.ckpt' cannot be read"),
+    (["--ckpt_path", "{made}/pickle.ckpt"], r"ckpt_path='.*pickle.ckpt' cannot be read"),
+    (["--ckpt_path", "{made}/list.ckpt"], r"ckpt_path='.*list.ckpt' is not a fedlightning checkpoint"),
+    (["--ckpt_path", "{made}/round-5.ckpt"], r"ckpt_path='.*round-5.ckpt' is inconsistent: round=-5"),
+    (["--ckpt_path", "{made}/round-str.ckpt"], r"is inconsistent: 'round' is str, expected int"),
+    (["--ckpt_path", "{made}/no-history.ckpt"], r"is inconsistent: 'history' is NoneType, expected list"),
+    (["--ckpt_path", "{made}/format1.ckpt"], r"has format 'fedlightning-checkpoint-1' but this fedlightning reads 'fedlightning-checkpoint-2'"),
+    (["--ckpt_path", "{made}/bad-aggregator.ckpt"], r"is inconsistent with this run: its state does not load \(KeyError"),
+    (["--ckpt_path", "{made}/done"], r"ckpt_path='.*done' is a directory: give the checkpoint file"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--loop.seed", "1"], r"seed is 0 in the checkpoint but 1 in this run; resume with the same --loop.seed"),
+    (["--ckpt_path", "{made}/done/last.ckpt", AGG, "fedlightning.server.FedAvgM"], r"aggregator is 'fedlightning.server.fedavg.FedAvg' in the checkpoint but 'fedlightning.server.fedavgm.FedAvgM'"),
+    (["--ckpt_path", "{made}/done/last.ckpt", AGG, "fedlightning.server.FedAvg", f"{AGG}.aggregation", "median"], r"aggregator_config.aggregation is 'mean' in the checkpoint but 'median'"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--model", "fedlightning.clients.FedProx"], r"objective is 'fedlightning.clients.base.ClientModule' in the checkpoint but 'fedlightning.clients.fedprox.FedProx'"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--model.init_args.network_kwargs", "{hidden: [32]}"], r"network.network_kwargs.hidden is \[64\] in the checkpoint but \[32\]"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--data.num_clients", "10"], r"num_clients is 8 in the checkpoint but 10"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--data.beta", "0.5"], r"partition_hash is '\w+' in the checkpoint but '\w+' in this run; resume with the same data options"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--loop.client_state", "disk"], r"client_state is 'memory' in the checkpoint but 'disk'"),
+    # LEAF data that would train to garbage
+    (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_nan"], r"LEAF json '.*leaf_nan/train/a.json', user 'u1': 1 sample\(s\) have NaN/Inf inputs"),
+    (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_fraction"], r"LEAF json '.*leaf_fraction/train/a.json', user 'u0': labels must be integers, got 1.5"),
+    (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_text"], r"LEAF json '.*leaf_text/train/a.json', user 'u0': labels must be integers"),
+    (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_range"], r"LEAF json '.*leaf_range/test/t.json', user 't0' \(FEMNIST\): labels must lie in \[0, 62\), got range \[0, 70\]"),
+    (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_empty_test"], r"the LEAF test files under '.*leaf_empty_test/test' hold no samples"),
 ]  # fmt: skip
+NO_GPU = [
+    (["--loop.accelerator", "gpu"], r"loop.accelerator='gpu' but no CUDA GPU is available"),
+    (["--loop.accelerator", "cuda"], r"loop.accelerator='cuda' but no CUDA GPU is available"),
+]  # fmt: skip
+if not torch.cuda.is_available():
+    CASES += NO_GPU
+
+
+def _leaf(root, train_users, test_users):
+    """A LEAF folder: ``train/a.json`` and ``test/t.json`` with ``{user: (x rows, labels)}``."""
+    for split, users in (("train", train_users), ("test", test_users)):
+        (root / split).mkdir(parents=True)
+        blob = {
+            "users": list(users),
+            "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()},
+        }
+        (root / split / ("a.json" if split == "train" else "t.json")).write_text(json.dumps(blob))
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """Inputs the cases name as ``{made}/...`` (one tiny 2-round run, then files derived from it)."""
+    root = tmp_path_factory.mktemp("made")
+    run_cli(root / "done", "--loop.rounds", "2")
+    checkpoint = root / "done" / "last.ckpt"
+    data = checkpoint.read_bytes()
+    (root / "file.txt").write_text("not a directory\n")
+    (root / "copied.ckpt").write_bytes(data)  # a checkpoint kept outside its run directory
+    (root / "empty.ckpt").write_bytes(b"")
+    (root / "garbage.ckpt").write_bytes(b"\x00garbage, not a checkpoint" * 40)
+    (root / "truncated.ckpt").write_bytes(data[: len(data) // 2])
+    (root / "pickle.ckpt").write_bytes(  # a pickle that would run code: weights_only refuses it
+        b"cos\nsystem\n(S'echo pwned'\ntR."
+    )
+    torch.save([1, 2, 3], root / "list.ckpt")
+    state = torch.load(checkpoint, weights_only=True)
+    for name, change in {
+        "round-5": {"round": -5},
+        "round-str": {"round": "2"},
+        "no-history": {"history": None},
+        "format1": {"format": "fedlightning-checkpoint-1"},
+        "bad-aggregator": {"aggregator": {"unexpected": torch.zeros(1)}},
+    }.items():
+        torch.save({**state, **change}, root / f"{name}.ckpt")
+    image = [0.5] * 784
+    _leaf(
+        root / "leaf_nan",
+        {"u0": ([image], [1]), "u1": ([image, [float("nan")] + image[1:]], [2, 3])},
+        {"t0": ([image], [1])},
+    )
+    _leaf(root / "leaf_fraction", {"u0": ([image], [1.5])}, {"t0": ([image], [1])})
+    _leaf(root / "leaf_text", {"u0": ([image], ["cat"])}, {"t0": ([image], [1])})
+    _leaf(root / "leaf_range", {"u0": ([image], [1])}, {"t0": ([image, image], [0, 70])})
+    _leaf(root / "leaf_empty_test", {"u0": ([image], [1])}, {})
+    return root
 
 
 @pytest.mark.parametrize(("args", "message"), CASES, ids=[" ".join(a)[-60:] for a, _ in CASES])
-def test_bad_option_is_refused_before_training(cli, tmp_path, capsys, args, message):
+def test_bad_option_is_refused_before_training(cli, tmp_path, capsys, made, args, message):
+    before = {p: p.read_bytes() for p in (made / "done").iterdir() if p.is_file()}
+    args = [a.replace("{made}", str(made)) for a in args]
     with pytest.raises(SystemExit) as exit_info:
         cli(tmp_path / "bad", *args)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert re.search(message, err, re.S), err[-2000:]
-    assert not (tmp_path / "bad" / "metrics.csv").exists()
-    assert not (tmp_path / "bad" / "last.ckpt").exists()
+    assert "Traceback" not in err
+    assert not (tmp_path / "bad").exists()  # nothing written, not even the directory
+    # the finished run the cases resume from or point at is untouched, byte for byte
+    assert {p: p.read_bytes() for p in (made / "done").iterdir() if p.is_file()} == before
 
 
 def test_malformed_leaf_json_is_refused(cli, tmp_path, capsys):

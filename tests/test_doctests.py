@@ -13,7 +13,7 @@ MODULES = [
     "fedlightning.server.functional",
     "fedlightning.clients.fednova",
     "fedlightning.data.partition",
-    "fedlightning.data.validation",
+    "fedlightning.data.val_split",
     "fedlightning.data.writers",
     "fedlightning.seeding",
     "fedlightning.server.fedcross_maths",

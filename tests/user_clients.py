@@ -87,3 +87,29 @@ class ServerNesterov(FedAvg):
     def load_state_dict(self, state):
         super().load_state_dict(state)
         self.velocity = {k: v.clone() for k, v in state["velocity"].items()}
+
+
+class WrongShapeUpload(ClientModule):
+    """Client 2 uploads its first weight tensor flattened: a wrong shape that must be rejected as
+    that client's failure, not crash the aggregation or the evaluation."""
+
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
+        if self.client_id == 2:
+            first = next(iter(weights))
+            weights = {**weights, first: weights[first].reshape(-1)}
+        return weights, extras, state
+
+
+class FailsEveryOtherRound(ClientModule):
+    """Every client fails in rounds 2, 4, ... (8 clients a round, fitted in order), with two kinds
+    of error so that it is no "same bug everywhere": those rounds are skipped."""
+
+    fits = 0
+
+    def begin_client(self, client_id, payload, state):
+        super().begin_client(client_id, payload, state)
+        round_index = FailsEveryOtherRound.fits // 8
+        FailsEveryOtherRound.fits += 1
+        if round_index % 2 == 1:
+            raise (ValueError if client_id % 2 else KeyError)(f"flaky client {client_id}")

@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
-from fedlightning.errors import ConfigurationError, RunStopped
+from fedlightning.errors import ConfigurationError, RunStopped, StorageError
 from fedlightning.loop import ClientBug, FederatedLoop
 
 
@@ -39,6 +39,17 @@ class FederatedCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {"fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"}}
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse, then check ``--ckpt_path`` (LightningCLI reads the file next, and a truncated or
+        garbage file must be a one-line error, not its traceback)."""
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path:
+            from fedlightning.loop.checkpoint import read_checkpoint
+
+            read_checkpoint(ckpt_path)
 
     def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """No ``seed_everything``: ``loop.seed`` is the one seed (applied before instantiation)."""
@@ -68,6 +79,9 @@ class FederatedCLI(LightningCLI):
     def _set_seed(self) -> None:
         from lightning.fabric.utilities.seed import seed_everything
 
+        from fedlightning.loop.checks import check_seed
+
+        check_seed(self._get(self.config, "loop").seed)  # Lightning would replace a bad one
         seed_everything(self._get(self.config, "loop").seed, verbose=False)
 
     def before_instantiate_classes(self) -> None:
@@ -82,13 +96,11 @@ class FederatedCLI(LightningCLI):
         return self.trainer_class(**config)
 
     def before_fit(self) -> None:
-        """Write the resolved config to ``<run_dir>/config.yaml`` before training."""
-        run_dir = Path(self.trainer.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump = self._parser(self.subcommand).dump(
+        """Hand the resolved config to the loop, which writes ``<run_dir>/config.yaml`` once every
+        start-up check passed (a refused run writes nothing)."""
+        self.trainer.config_text = self._parser(self.subcommand).dump(
             self.config[self.subcommand], skip_none=False, skip_link_targets=False
         )
-        (run_dir / "config.yaml").write_text(dump)
 
 
 def _attribute(name: str):
@@ -117,6 +129,12 @@ def main(args: list[str] | None = None) -> None:
     except (RunStopped, ClientBug) as err:
         print(f"fedlightning: stopped: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+    except StorageError as err:
+        print(f"fedlightning: storage error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt as err:
+        print(f"fedlightning: {err or 'interrupted'}", file=sys.stderr)
+        raise SystemExit(130) from None
     except Exception as err:
         cause = _configuration_error(err)
         if cause is None:

@@ -21,3 +21,14 @@ class RunStopped(RuntimeError):
     The CLI prints the message without a traceback and exits with status 1; the last checkpoint
     written before the stop resumes the run.
     """
+
+
+class StorageError(RuntimeError):
+    """The run could not read or write its own files (a full disk, a read-only or vanished run
+    directory, a client-state file deleted under it). A framework error, never a client failure:
+    the CLI prints the message (which names the path) and exits with status 1."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) during a run. The message says after which round it stopped and which
+    checkpoint resumes it; the CLI prints it and exits with status 130."""

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import torch
 
+from fedlightning.errors import ConfigurationError, StorageError
+
 
 def _to_cpu(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
@@ -57,7 +59,14 @@ class ClientStore:
         name = self._files.get(client_id)
         if name is None:
             return {}
-        return torch.load(self.directory / name, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(self.directory / name, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError) as error:
+            raise StorageError(
+                f"client {client_id}'s state file {str(self.directory / name)!r} cannot be read "
+                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                "was the run directory changed by another process? resume from last.ckpt"
+            ) from None
 
     def put(self, client_id: int, state: dict[str, Any]) -> None:
         if self.mode == "memory":
@@ -71,8 +80,15 @@ class ClientStore:
             return
         self._version += 1
         name = f"{client_id}.{self._version}.pt"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        torch.save(_to_cpu(state), self.directory / name)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            torch.save(_to_cpu(state), self.directory / name)
+        except (OSError, RuntimeError) as error:
+            (self.directory / name).unlink(missing_ok=True)
+            raise StorageError(
+                f"could not write client {client_id}'s state in {str(self.directory)!r}: "
+                f"{str(error).splitlines()[0] if str(error) else type(error).__name__}"
+            ) from None
         self._files[client_id] = name
 
     def __len__(self) -> int:
@@ -102,7 +118,7 @@ class ClientStore:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["mode"] != self.mode:
-            raise ValueError(
+            raise ConfigurationError(
                 f"checkpoint holds client_state={state['mode']!r} but this run uses {self.mode!r}: "
                 "resume with the same client_state"
             )
@@ -113,6 +129,7 @@ class ClientStore:
         self._version = int(state["version"])
         missing = [n for n in self._files.values() if not (self.directory / n).is_file()]
         if missing:
-            raise FileNotFoundError(
-                f"client state files {missing[:5]} are missing from {self.directory}"
+            raise ConfigurationError(
+                f"client state files {missing[:5]} are missing from {str(self.directory)!r}: "
+                "this checkpoint cannot be resumed here (its client_state folder was changed)"
             )

@@ -11,7 +11,7 @@ floating-point reassociation.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
@@ -31,7 +31,12 @@ class WorkerLost(RuntimeError):
 
 
 class Backend(ABC):
-    """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``."""
+    """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``.
+
+    ``on_client_done`` (set by the loop) may be called with a client id after each fit, for
+    progress reports in long rounds; backends that fit all clients at once never call it."""
+
+    on_client_done: Callable[[int], None] | None = None
 
     def check(self, model: ClientModule, config: FitConfig) -> None:  # noqa: B027 (optional hook)
         """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config``;

@@ -111,6 +111,7 @@ class RayBackend(Backend):
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         resources = ray.cluster_resources()
+        self._check_resources(ray, resources)
         count = self.num_workers
         if count is None:
             count = (
@@ -132,6 +133,21 @@ class RayBackend(Backend):
         model_ref, dm_ref = ray.put(model), ray.put(datamodule)
         self.workers = [worker.remote(model_ref, dm_ref, config) for _ in range(count)]
 
+    def _check_resources(self, ray: Any, resources: dict[str, float]) -> None:
+        """Refuse at once an actor that no node of the cluster can ever hold (Ray would wait
+        forever with idle workers left behind), naming the resource."""
+        wanted = {"GPU": self.num_gpus, "CPU": float(self.num_cpus)}
+        for name, amount in wanted.items():
+            have = float(resources.get(name, 0.0))
+            if amount > 0 and have < amount:
+                if self.address is None:
+                    ray.shutdown()
+                option = "num_gpus_per_client" if name == "GPU" else "num_cpus_per_client"
+                raise ConfigurationError(
+                    f"loop.backend.init_args.{option}={amount:g} can never be scheduled: the Ray "
+                    f"cluster has {have:g} {name}(s) in all; lower it or add {name}s to the cluster"
+                )
+
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         ray = _ray()
         pending = {
@@ -151,6 +167,8 @@ class RayBackend(Backend):
             except ray.exceptions.RayActorError as error:  # ActorUnavailableError included
                 # the actor died or is restarting: that client failed, through no fault of its own
                 results[cid] = WorkerLost(f"client {cid}'s Ray actor was lost: {error}")
+            if self.on_client_done is not None:
+                self.on_client_done(cid)
         return results
 
     def stop(self) -> None:

@@ -37,4 +37,6 @@ class SequentialBackend(Backend):
             except Exception as error:  # noqa: BLE001  (the loop's failure policy decides)
                 error.traceback = traceback.format_exc()  # type: ignore[attr-defined]
                 results[job.client_id] = error
+            if self.on_client_done is not None:
+                self.on_client_done(job.client_id)
         return results

@@ -2,7 +2,9 @@
 
 The options are :class:`~fedlightning.cofed.CoFED`'s constructor, with ``tasks`` and
 ``participants`` given as ``class_path``/``init_args``. The resolved config is written to
-``<run_dir>/config.yaml``; ``run_dir`` defaults to ``runs/<config name>``.
+``<run_dir>/config.yaml``; ``run_dir`` defaults to ``runs/<config name>``. The run directory
+follows :mod:`fedlightning.loop.rundir`: checked before anything is written, locked for the run,
+refused if it holds an earlier run's results unless ``--overwrite true``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from fedlightning.cofed.pipeline import CoFED, CoFEDResult
+from fedlightning.loop.rundir import RunDirectory, check_run_dir, storage_error
 
 
 def build_parser() -> ArgumentParser:
@@ -23,6 +26,12 @@ def build_parser() -> ArgumentParser:
         "--config", action=ActionConfigFile, help="a YAML config (e.g. configs/cofed.yaml)"
     )
     parser.add_class_arguments(CoFED, None, sub_configs=True)
+    parser.add_argument(
+        "--overwrite",
+        type=bool,
+        default=False,
+        help="replace an earlier run's results in run_dir (otherwise such a run_dir is refused)",
+    )
     return parser
 
 
@@ -33,8 +42,12 @@ def main(args: list[str]) -> CoFEDResult:
     if config.run_dir is None:
         stem = Path(str(config.config[-1])).stem if config.get("config") else "cofed"
         config.run_dir = str(Path("runs") / stem)
+    check_run_dir(config.run_dir, option="run_dir", overwrite=config.overwrite)
     init = parser.instantiate(config)
-    pipeline = CoFED(**{k: v for k, v in vars(init).items() if k != "config"})
-    pipeline.run_dir.mkdir(parents=True, exist_ok=True)
-    (pipeline.run_dir / "config.yaml").write_text(parser.dump(config))
-    return pipeline.run()
+    pipeline = CoFED(**{k: v for k, v in vars(init).items() if k not in ("config", "overwrite")})
+    with RunDirectory(pipeline.run_dir, config.overwrite, option="run_dir"):
+        try:
+            (pipeline.run_dir / "config.yaml").write_text(parser.dump(config))
+            return pipeline.run()
+        except OSError as error:
+            raise storage_error(error, pipeline.run_dir, "write the run's files") from None

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fedlightning.data import partition as P
 from fedlightning.data.loader import TensorBatches
 from fedlightning.data.sources import SOURCES, DataSplit, load_source
-from fedlightning.data.validation import proportional_split
+from fedlightning.data.val_split import proportional_split
 from fedlightning.errors import ConfigurationError
 from fedlightning.seeding import derive_seed
 
@@ -39,7 +39,7 @@ class FederatedDataModule(pl.LightningDataModule):
         val_from_test: if > 0, this share of the test set (FML: 0.2, "1/5 test data as private
             validate data") is held out and dealt to the clients as their validation splits, class
             by class in proportion to each client's training counts
-            (:func:`fedlightning.data.validation.proportional_split`); the rest is the global test
+            (:func:`fedlightning.data.val_split.proportional_split`); the rest is the global test
             set and clients train on all their samples (``val_fraction`` is not used).
         batch_size: local training batch size B.
         eval_batch_size: batch size for evaluation.

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedlightning.data.validation import finite_inputs, integer_labels, labels_in_range
 from fedlightning.errors import ConfigurationError
 
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
@@ -240,6 +241,12 @@ def load_leaf(
 
     train_users, train_x, train_y = _read_leaf(train_files)
     test_users, test_x, test_y = _read_leaf(test_files)
+    for split, labels in (("train", train_y), ("test", test_y)):
+        if len(labels) == 0:
+            raise ConfigurationError(
+                f"the LEAF {split} files under {str(root / split)!r} hold no samples: expected "
+                "at least one user with images"
+            )
     names = sorted(set(train_users) | set(test_users))
     index = {w: k for k, w in enumerate(names)}
     train_w = np.array([index[u] for u in train_users], dtype=np.int64)
@@ -276,12 +283,17 @@ def _read_leaf(files: Sequence[Path]) -> tuple[list[str], np.ndarray, np.ndarray
             for user in blob["users"]:
                 record = blob["user_data"][user]
                 x = np.asarray(record["x"], dtype=np.float32).reshape(-1, 1, 28, 28)
-                y = np.asarray(record["y"], dtype=np.int64)
+                where = f"LEAF json {str(path)!r}, user {user!r}"
+                y = integer_labels(record["y"], where)
+                finite_inputs(x, where)
+                labels_in_range(torch.as_tensor(y), 62, where + " (FEMNIST)")
                 if len(x) != len(y):
                     raise ValueError(f"user {user!r} has {len(x)} images but {len(y)} labels")
                 users.extend([user] * len(y))
                 xs.append(x)
                 ys.append(y)
+        except ConfigurationError:
+            raise
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise ConfigurationError(
                 f"malformed LEAF json {str(path)!r}: {err!r}; expected keys 'users' and "

@@ -1,42 +1,87 @@
-"""Client validation splits taken from the test set (FML section 4: "1/5 test data as private
-validate data"; docs/algorithms.md section 4).
+"""Data validation at load time: a data set that would train to garbage is refused before training.
 
-:func:`proportional_split` deals held-out test samples to the clients class by class, each class
-in proportion to the clients' training counts of that class, so every client validates on its own
-label distribution.
+Refused, naming the file (LEAF) or the client: non-finite inputs (NaN/Inf pixels or features),
+labels that are not integers or lie outside ``[0, num_classes)``, an empty test set and a client
+with no training samples. A NaN pixel otherwise turns every fit of its client into a NaN upload
+and the run "succeeds" at chance accuracy.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import torch
+
+from fedlightning.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from fedlightning.data.datamodule import FederatedDataModule
 
 
-def proportional_split(labels: np.ndarray, counts: np.ndarray, seed: int) -> list[np.ndarray]:
-    """One sorted index array (into ``labels``) per client.
+def integer_labels(raw: object, where: str) -> np.ndarray:
+    """``raw`` as int64 labels; refuse non-numeric, non-finite or fractional values (1.5 is not
+    silently truncated to 1)."""
+    try:
+        values = np.asarray(raw, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError) as err:
+        raise ConfigurationError(f"{where}: labels must be integers, got {err}") from None
+    bad = ~np.isfinite(values) | (values != np.round(values))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ConfigurationError(
+            f"{where}: labels must be integers, got {float(values[first]):g} at position {first}"
+        )
+    return values.astype(np.int64)
 
-    For class c with ``m_c`` samples and client training counts ``n_ic`` (``counts``: clients x
-    classes), client i receives ``m_c * n_ic / sum_j n_jc`` samples rounded by largest remainder
-    (ties to the smaller client id); which samples is a seeded shuffle. A class no client trains on
-    is given to nobody.
 
-    Example:
-        >>> parts = proportional_split(np.array([0, 0, 0, 0, 1, 1]), np.array([[3, 0], [1, 5]]), 0)
-        >>> [len(p) for p in parts], [int(np.sum(np.array([0, 0, 0, 0, 1, 1])[p])) for p in parts]
-        ([3, 3], [0, 2])
-    """
-    rng = np.random.default_rng(seed)
-    num_clients = counts.shape[0]
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for c in range(counts.shape[1]):
-        members = rng.permutation(np.flatnonzero(labels == c))
-        weights = counts[:, c].astype(np.float64)
-        if not len(members) or weights.sum() == 0:
-            continue
-        exact = len(members) * weights / weights.sum()
-        share = np.floor(exact).astype(np.int64)
-        remainder = len(members) - int(share.sum())
-        order = np.lexsort((np.arange(num_clients), -(exact - share)))
-        share[order[:remainder]] += 1
-        for client, piece in enumerate(np.split(members, np.cumsum(share)[:-1])):
-            parts[client].append(piece)
-    return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+def finite_inputs(x: np.ndarray | torch.Tensor, where: str) -> None:
+    """Refuse NaN/Inf inputs, naming the first bad sample."""
+    values = torch.as_tensor(x)
+    if not values.is_floating_point():
+        return
+    bad = ~torch.isfinite(values.reshape(len(values), -1)).all(dim=1) if len(values) else None
+    if bad is not None and bool(bad.any()):
+        first = int(bad.nonzero()[0])
+        raise ConfigurationError(
+            f"{where}: {int(bad.sum())} sample(s) have NaN/Inf inputs (the first is sample "
+            f"{first}): clean the data"
+        )
+
+
+def labels_in_range(y: torch.Tensor, num_classes: int, where: str) -> None:
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise ConfigurationError(
+            f"{where}: labels must lie in [0, {num_classes}), got range "
+            f"[{int(y.min())}, {int(y.max())}]"
+        )
+
+
+def validate_datamodule(dm: FederatedDataModule) -> None:
+    """Check a set-up data module: a non-empty, finite test set; every client has training
+    samples with finite inputs; all labels in range."""
+    data = dm.data
+    name = f"data set {dm.dataset!r}"
+    if len(data.test_y) == 0:
+        raise ConfigurationError(
+            f"{name} has an empty test set: the global test set needs at least one sample"
+        )
+    finite_inputs(data.test_x, f"{name}, test set")
+    labels_in_range(data.test_y, dm.num_classes, f"{name}, test set")
+    labels_in_range(data.train_y, dm.num_classes, f"{name}, training set")
+    if data.train_x.is_floating_point():
+        bad_rows = ~torch.isfinite(data.train_x.reshape(len(data.train_x), -1)).all(dim=1)
+        if bool(bad_rows.any()):
+            bad_clients = [
+                cid
+                for cid in range(dm.num_clients)
+                if bool(bad_rows[dm._train_idx[cid]].any() or bad_rows[dm._val_idx[cid]].any())
+            ]
+            raise ConfigurationError(
+                f"{name}: {int(bad_rows.sum())} training sample(s) have NaN/Inf inputs, held by "
+                f"client(s) {bad_clients[:10]}{' ...' if len(bad_clients) > 10 else ''}: clean "
+                "the data"
+            )
+    for cid in range(dm.num_clients):
+        if dm.client_num_samples(cid) == 0:
+            raise ConfigurationError(f"{name}: client {cid} has no training samples")

@@ -1,7 +1,17 @@
-"""Checkpoints: everything a resumed run needs, written atomically, read back with checks."""
+"""Checkpoints: everything a resumed run needs, written atomically, read back with checks.
+
+A checkpoint (format 2) holds the rounds done, the aggregator's and the client store's state, the
+metrics history, the global RNG states and the run's identity
+(:func:`fedlightning.loop.identity.run_identity`). :func:`read_checkpoint` turns any unreadable or
+inconsistent file (empty, truncated, garbage, a malicious pickle, a hand-edited round) into a
+one-line :class:`~fedlightning.errors.ConfigurationError`; :func:`atomic_save` never leaves a torn
+file, and a failed write (a full disk) is a :class:`~fedlightning.errors.StorageError` naming the
+directory, with the previous checkpoint untouched.
+"""
 
 from __future__ import annotations
 
+import io
 import os
 import random
 from pathlib import Path
@@ -10,20 +20,55 @@ from typing import Any
 import torch
 
 from fedlightning.errors import ConfigurationError
+from fedlightning.loop.rundir import storage_error
 
-CHECKPOINT_FORMAT = "fedlightning-checkpoint-1"
+CHECKPOINT_FORMAT = "fedlightning-checkpoint-2"
+#: keys every checkpoint holds, with their types
+REQUIRED = {
+    "round": int,
+    "aggregator": dict,
+    "clients": dict,
+    "history": list,
+    "rng": dict,
+    "identity": dict,
+}
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``:
-    a reader (or a run killed mid-write) sees either the old file or the new one, never a torn one."""
+    a reader (or a run killed mid-write) sees either the old file or the new one, never a torn one.
+    A failed write removes the temporary file and raises a StorageError naming the folder."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            # into memory first, then one plain write: a full disk is an OSError (ENOSPC), never
+            # torch's writer failing deep inside its C++ container
+            buffer = io.BytesIO()
+            torch.save(obj, buffer)
+            handle.write(buffer.getbuffer())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:
+        tmp.unlink(missing_ok=True)
+        cause = error if isinstance(error, OSError) else _os_error(error)
+        if cause is None:
+            raise
+        kept = f"; the previous {path.name} there is untouched" if path.exists() else ""
+        raise storage_error(cause, path.parent, f"write {path.name}", kept) from None
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind a RuntimeError of torch's writer (which reports ENOSPC as a
+    RuntimeError from inline_container.cc)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def remove_stale_temporaries(run_dir: Path) -> None:
@@ -34,9 +79,7 @@ def remove_stale_temporaries(run_dir: Path) -> None:
 
 def make_checkpoint(
     rounds_done: int,
-    seed: int,
-    num_clients: int,
-    partition_hash: str,
+    identity: dict[str, Any],
     aggregator: dict[str, Any],
     clients: dict[str, Any],
     history: list[dict[str, float]],
@@ -47,9 +90,11 @@ def make_checkpoint(
     return {
         "format": CHECKPOINT_FORMAT,
         "round": rounds_done,
-        "seed": seed,
-        "num_clients": num_clients,
-        "partition_hash": partition_hash,
+        "identity": identity,
+        # kept at the top level too: tools (and older tests) read them there
+        "seed": identity["seed"],
+        "num_clients": identity["num_clients"],
+        "partition_hash": identity["partition_hash"],
         "aggregator": aggregator,
         "clients": clients,
         "history": history,
@@ -59,23 +104,60 @@ def make_checkpoint(
     }
 
 
-def load_checkpoint(ckpt_path: str, seed: int, partition_hash: str) -> dict[str, Any]:
-    """Read ``ckpt_path`` and check it belongs to this run (same seed and data partition); restore
-    the global RNG states it holds."""
+def read_checkpoint(ckpt_path: str) -> dict[str, Any]:
+    """Read ``ckpt_path`` (weights only: no code runs) and check its structure; any problem is a
+    one-line ConfigurationError."""
     path = Path(ckpt_path)
-    if not path.is_file():
-        raise ConfigurationError(f"ckpt_path={ckpt_path!r} does not exist")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigurationError(f"ckpt_path={ckpt_path!r} is not a fedlightning checkpoint")
-    if checkpoint["seed"] != seed or checkpoint["partition_hash"] != partition_hash:
+    option = f"ckpt_path={ckpt_path!r}"
+    if path.is_dir():
         raise ConfigurationError(
-            f"ckpt_path={ckpt_path!r} was written with seed {checkpoint['seed']} and another data "
-            f"partition than this run (seed {seed}): resume with the same data and seed"
+            f"{option} is a directory: give the checkpoint file (e.g. {str(path / 'last.ckpt')!r})"
         )
+    if not path.is_file():
+        raise ConfigurationError(f"{option} does not exist")
+    if path.stat().st_size == 0:
+        raise ConfigurationError(f"{option} is empty (0 bytes): resume from another checkpoint")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 (torch raises many kinds for a bad file)
+        first = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        raise ConfigurationError(
+            f"{option} cannot be read ({type(error).__name__}: {first}): it is truncated, "
+            "corrupted or not a fedlightning checkpoint; resume from another checkpoint"
+        ) from None
+    if not isinstance(checkpoint, dict) or "format" not in checkpoint:
+        raise ConfigurationError(f"{option} is not a fedlightning checkpoint")
+    if checkpoint["format"] != CHECKPOINT_FORMAT:
+        raise ConfigurationError(
+            f"{option} has format {checkpoint['format']!r} but this fedlightning reads "
+            f"{CHECKPOINT_FORMAT!r}: resume with the fedlightning that wrote it, or start anew"
+        )
+    for key, kind in REQUIRED.items():
+        value = checkpoint.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigurationError(
+                f"{option} is inconsistent: {key!r} is {type(value).__name__}, expected "
+                f"{kind.__name__}; resume from another checkpoint"
+            )
+    rounds = checkpoint["round"]
+    if rounds < 1 or len(checkpoint["history"]) > rounds:
+        raise ConfigurationError(
+            f"{option} is inconsistent: round={rounds} (expected an integer >= 1 and at least "
+            f"the {len(checkpoint['history'])} evaluated rounds it records); resume from another "
+            "checkpoint"
+        )
+    rng = checkpoint["rng"]
+    if not isinstance(rng.get("torch"), torch.Tensor) or not isinstance(
+        rng.get("python"), list | tuple
+    ):
+        raise ConfigurationError(f"{option} is inconsistent: its RNG states are missing")
+    return checkpoint
+
+
+def restore_rng(checkpoint: dict[str, Any]) -> None:
+    """Restore the global RNG states a checkpoint holds."""
     torch.set_rng_state(checkpoint["rng"]["torch"])
     random.setstate(_as_tuple(checkpoint["rng"]["python"]))
-    return checkpoint
 
 
 def _as_tuple(value: Any) -> Any:

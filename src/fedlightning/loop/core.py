@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
 from lightning.fabric import Fabric
 from lightning.pytorch.loggers import Logger
 
@@ -22,20 +21,32 @@ from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError, RunStopped, require
 from fedlightning.loop.checkpoint import (
     atomic_save,
-    load_checkpoint,
     make_checkpoint,
+    read_checkpoint,
     remove_stale_temporaries,
+    restore_rng,
 )
+from fedlightning.loop.checks import check_accelerator, check_seed
 from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
+from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.reporting import Reporter
+from fedlightning.loop.rundir import (
+    RunDirectory,
+    check_run_dir,
+    interrupted,
+    resumes_in,
+    storage_error,
+)
 from fedlightning.loop.sampling import clients_per_round, sample_clients
+from fedlightning.loop.summary import RunSummary
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server.base import Aggregator
@@ -99,6 +110,13 @@ class FederatedLoop:
             reaches this value (``rounds_to_target``, ``time_to_target_s``;
             :mod:`fedlightning.loop.targets`); null: off. Every evaluated row also has the
             communication columns of :mod:`fedlightning.loop.communication`.
+        overwrite: replace the results of an earlier run in ``run_dir`` (by default a run refuses
+            a directory holding another run's results unless it resumes from ``ckpt_path``; see
+            :mod:`fedlightning.loop.rundir`).
+        log_every: with stderr not a terminal (a cluster log), print one plain line every this
+            many rounds (at evaluated rounds).
+        max_skipped_fraction: the run fails (exit status 1 from the CLI) when more than this
+            fraction of its rounds skipped aggregation, or when no round aggregated.
     """
 
     def __init__(
@@ -132,8 +150,21 @@ class FederatedLoop:
         gradient_clip_algorithm: Literal["norm", "value"] = "norm",
         num_threads: int | None = None,
         onednn: bool = False,
+        overwrite: bool = False,
+        log_every: int = 1,
+        max_skipped_fraction: float = 0.5,
         target_acc: float | None = None,
     ) -> None:
+        check_seed(seed)
+        require(
+            run_dir is None or bool(str(run_dir).strip()),
+            "loop.run_dir", run_dir, "a directory path (an empty one would write into the current folder)",
+        )  # fmt: skip
+        require(log_every >= 1, "loop.log_every", log_every, "an integer >= 1")
+        require(
+            0 <= max_skipped_fraction <= 1,
+            "loop.max_skipped_fraction", max_skipped_fraction, "a number in [0, 1]",
+        )  # fmt: skip
         require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
         require(
             clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
@@ -205,6 +236,12 @@ class FederatedLoop:
             progress_bar, plots,
         )  # fmt: skip
         self.history: list[dict[str, float]] = []
+        self.overwrite = overwrite
+        self.max_skipped_fraction = max_skipped_fraction
+        self.reporter.log_every = log_every
+        self.summary = RunSummary()
+        #: the resolved config the CLI writes to ``run_dir/config.yaml`` once every check passed
+        self.config_text: str | None = None
         self.communication = CommunicationMeter()
         self.target = TargetTracker(target_acc)
 
@@ -245,34 +282,66 @@ class FederatedLoop:
                 f"model num_classes={classes} but the {datamodule.dataset!r} labels run up to "
                 f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
             )
+        check_accelerator(self.fit_config.accelerator)
         self.backend.check(model, self.fit_config)
-        with cpu_compute(self.fit_config.num_threads, self.fit_config.onednn), quiet_lightning():
-            self.backend.start(model, datamodule, self.fit_config)
-            try:
-                return self._run(model, datamodule, per_round, ckpt_path)
-            finally:
-                self.backend.stop()
-
-    # -- the rounds -----------------------------------------------------------------------------
-    def _run(
-        self, model: ClientModule, dm: FederatedDataModule, per_round: int, ckpt_path: str | None
-    ) -> dict[str, float]:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(self.run_dir)
-        dm.save_partition(self.run_dir / "partition.csv")
-        self.reporter.plot_partition(dm)
+        validate_datamodule(datamodule)
+        checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
+        # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
+        # not take over a directory holding another run's results (unless overwrite)
+        resuming = bool(ckpt_path) and resumes_in(ckpt_path, self.run_dir)
+        check_run_dir(self.run_dir, resuming=resuming, overwrite=self.overwrite)
         initial = {
             k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()
         }
+        self.identity = run_identity(
+            model, self.aggregator, initial, datamodule.dataset, datamodule.num_clients,
+            datamodule.partition_hash(), self.seed, self.store.mode,
+        )  # fmt: skip
         self.aggregator.setup(
-            initial, dm.num_clients, self.seed, client_keys=model.client_key_sets(dm.num_clients)
-        )
+            initial, datamodule.num_clients, self.seed,
+            client_keys=model.client_key_sets(datamodule.num_clients),
+        )  # fmt: skip
         needed = self.aggregator.initial_states_needed(per_round)
         if needed:  # e.g. FedCross(independent_init=True): K independently initialised models
             self.aggregator.set_initial_states(independent_states(model, needed, self.seed))
+        self._last_checkpoint = None
+        if checkpoint is not None:
+            self._restore(ckpt_path, checkpoint)
+            self._last_checkpoint = (checkpoint["round"], ckpt_path)
+        self.backend.on_client_done = self.reporter.client_done
+        overwrite = self.overwrite and checkpoint is None  # a resume rewrites its history itself
+        with RunDirectory(self.run_dir, overwrite, resuming=resuming or self.overwrite):
+            with (
+                cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
+                quiet_lightning(),
+            ):
+                try:
+                    self.backend.start(model, datamodule, self.fit_config)
+                    return self._run(model, datamodule, per_round, checkpoint)
+                except KeyboardInterrupt:
+                    raise interrupted(self._newest_checkpoint()) from None
+                except OSError as error:  # the run's own files: never a client failure
+                    raise storage_error(error, self.run_dir, "write the run's files") from None
+                finally:
+                    self.backend.stop()
+
+    # -- the rounds -----------------------------------------------------------------------------
+    def _run(
+        self,
+        model: ClientModule,
+        dm: FederatedDataModule,
+        per_round: int,
+        checkpoint: dict[str, Any] | None,
+    ) -> dict[str, float]:
         start_round, wandb_id = 0, None
-        if ckpt_path:
-            start_round, wandb_id = self._restore(ckpt_path, dm)
+        if checkpoint is not None:
+            restore_rng(checkpoint)
+            start_round, wandb_id = checkpoint["round"], checkpoint.get("wandb_id")
+        remove_stale_temporaries(self.run_dir)
+        if self.config_text is not None:
+            (self.run_dir / "config.yaml").write_text(self.config_text)
+        dm.save_partition(self.run_dir / "partition.csv")
+        self.reporter.plot_partition(dm)
         self.reporter.open(self.history, wandb_id, dm)
         fabric = Fabric(
             accelerator=self.fit_config.accelerator,
@@ -288,13 +357,15 @@ class FederatedLoop:
                 client_ids = sample_clients(self.seed, r, dm.num_clients, per_round)
                 payloads = self.aggregator.configure_round(r, client_ids)
                 jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
-                results = self.backend.run(r, jobs)
+                with self.reporter.watch_round(r, len(jobs)):
+                    results = self.backend.run(r, jobs)
                 traffic = self.communication.count(jobs, results)
-                outcome = sort_results(r, client_ids, results)
+                outcome = sort_results(r, client_ids, results, payloads, self.summary)
                 check_for_bug(r, r == start_round, outcome)
                 for cid, result in outcome.results:
                     self.store.put(cid, result.state)
                 uploads = outcome.uploads
+                self.summary.record_round(len(uploads) >= self.min_clients)
                 if len(uploads) >= self.min_clients:
                     self.aggregator.aggregate(r, uploads)
                 elif self.on_round_failure == "stop":
@@ -328,13 +399,18 @@ class FederatedLoop:
                     metrics.update(self.target.update(r + 1, metrics, last))
                     self.history.append(metrics)
                     self.reporter.log(metrics)
+                    self.reporter.round_line(metrics, self.rounds, last)
                 else:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
-                    self._save_checkpoint(r + 1, dm)
+                    self._save_checkpoint(r + 1)
                 advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
-        torch.save(self.aggregator.global_state(), self.run_dir / "global.pt")
+        atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
         self.reporter.close()
+        self.reporter.summary(self.summary.lines())
+        failure = self.summary.verdict(self.max_skipped_fraction)
+        if failure is not None:
+            raise RunStopped(f"run failed: {failure}; results are in {self.run_dir}")
         self.reporter.done(
             metrics, self.rounds, time.perf_counter() - started, self.target.summary()
         )
@@ -349,31 +425,50 @@ class FederatedLoop:
         )
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _save_checkpoint(self, rounds_done: int, dm: FederatedDataModule) -> None:
+    def _save_checkpoint(self, rounds_done: int) -> None:
         checkpoint = make_checkpoint(
-            rounds_done, self.seed, dm.num_clients, dm.partition_hash(),
-            self.aggregator.state_dict(), self.store.state_dict(), self.history,
-            {"wandb": self.reporter.wandb_id()},
+            rounds_done, self.identity, self.aggregator.state_dict(), self.store.state_dict(),
+            self.history, {"wandb": self.reporter.wandb_id()},
             {"communication": self.communication.state_dict(), "target": self.target.state_dict()},
         )  # fmt: skip
         atomic_save(checkpoint, self.run_dir / "last.ckpt")
+        self._last_checkpoint = (rounds_done, str(self.run_dir / "last.ckpt"))
         self.store.commit()
 
-    def _restore(self, ckpt_path: str, dm: FederatedDataModule) -> tuple[int, str | None]:
-        checkpoint = load_checkpoint(ckpt_path, self.seed, dm.partition_hash())
-        self.aggregator.load_state_dict(checkpoint["aggregator"])
-        self.store.load_state_dict(checkpoint["clients"])
+    def _newest_checkpoint(self) -> tuple[int, str] | None:
+        """``(rounds, path)`` of the checkpoint that resumes this run now: the file on disk is the
+        truth (a Ctrl-C may land between its rename and the bookkeeping after it)."""
+        path = self.run_dir / "last.ckpt"
+        try:
+            return int(read_checkpoint(str(path))["round"]), str(path)
+        except ConfigurationError:
+            return self._last_checkpoint
+
+    def _restore(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
+        """Check ``checkpoint`` belongs to this run and load its server and client state (its
+        RNG states are restored when the rounds start)."""
+        compare_identity(ckpt_path, checkpoint["identity"], self.identity)
+        try:
+            self.aggregator.load_state_dict(checkpoint["aggregator"])
+            self.store.load_state_dict(checkpoint["clients"])
+        except ConfigurationError:
+            raise
+        except Exception as error:  # noqa: BLE001 (an inconsistent file, not a bug of this run)
+            raise ConfigurationError(
+                f"ckpt_path={ckpt_path!r} is inconsistent with this run: its state does not load "
+                f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}); "
+                "resume from another checkpoint or start a new run"
+            ) from None
         self.history = list(checkpoint["history"])
         meters = checkpoint.get("meters", {})
         self.communication.load_state_dict(meters.get("communication", {}))
         self.target.load_state_dict(meters.get("target", {}))
-        rounds_done = int(checkpoint["round"])
+        rounds_done = checkpoint["round"]
         if rounds_done >= self.rounds:
             log.warning(
                 "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
                 rounds_done, self.rounds,
             )  # fmt: skip
-        return rounds_done, checkpoint.get("wandb_id")
 
 
 def _fabric_precision(precision: str) -> str:

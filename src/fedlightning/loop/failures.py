@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from fedlightning.backends.base import RoundResults, WorkerLost
-from fedlightning.protocol import FitResult, Upload
+from fedlightning.errors import StorageError
+from fedlightning.loop.summary import RunSummary
+from fedlightning.protocol import FitResult, Payload, Upload
 
 log = logging.getLogger("fedlightning")
 
@@ -32,39 +34,57 @@ class ClientBug(RuntimeError):
 @dataclass
 class RoundOutcome:
     """A round's results sorted by the policy: successful results (in sampling order), the
-    clients that raised (with their exceptions) and those whose upload was not finite."""
+    clients that raised (with their exceptions) and those whose upload was refused (with the
+    reason: non-finite values, or weights whose shapes differ from the payload's)."""
 
     results: list[tuple[int, FitResult]] = field(default_factory=list)
     failed: dict[int, BaseException] = field(default_factory=dict)
-    rejected: list[int] = field(default_factory=list)
+    rejected: dict[int, str] = field(default_factory=dict)
 
     @property
     def uploads(self) -> list[Upload]:
         return [result.upload for _, result in self.results]
 
 
-def sort_results(round_index: int, client_ids: list[int], results: RoundResults) -> RoundOutcome:
-    """Keep each client's result, or log why it is left out (once per distinct failure)."""
+def sort_results(
+    round_index: int,
+    client_ids: list[int],
+    results: RoundResults,
+    payloads: dict[int, Payload] | None = None,
+    summary: RunSummary | None = None,
+) -> RoundOutcome:
+    """Keep each client's result, or log why it is left out (each distinct traceback in full once
+    per run when a ``summary`` is given). A storage error (the run's own files) is raised: it is
+    no client failure."""
     outcome = RoundOutcome()
     for cid in client_ids:
         result = results[cid]
+        if isinstance(result, StorageError):
+            raise result
         if isinstance(result, BaseException):
             outcome.failed[cid] = result
         elif not all_finite(result.upload):
-            outcome.rejected.append(cid)
+            outcome.rejected[cid] = "uploaded NaN/Inf values"
+        elif payloads is not None and (wrong := wrong_shapes(result.upload, payloads[cid])):
+            outcome.rejected[cid] = f"uploaded weights of the wrong shape ({wrong})"
         else:
             outcome.results.append((cid, result))
-    for text, cids in _group_tracebacks(outcome.failed).items():
-        log.error(
-            "round %d: client(s) %s failed and are left out:\n%s",
-            round_index + 1, ", ".join(map(str, cids)), text,
-        )  # fmt: skip
-    if outcome.rejected:
-        log.warning(
-            "round %d: client(s) %s uploaded NaN/Inf values and are left out",
-            round_index + 1, ", ".join(map(str, outcome.rejected)),
-        )  # fmt: skip
+    summary = summary if summary is not None else RunSummary()
+    summary.record_failures(round_index, _group_tracebacks(outcome.failed))
+    summary.record_rejections(round_index, outcome.rejected)
     return outcome
+
+
+def wrong_shapes(upload: Upload, payload: Payload) -> str:
+    """The first upload tensor whose shape differs from the payload's tensor of the same key
+    (``"key: got (a, b), expected (c, d)"``), or ``""``."""
+    for key, value in upload.weights.items():
+        sent = payload.weights.get(key)
+        shape = getattr(value, "shape", None)
+        if sent is not None and shape != sent.shape:
+            got = tuple(shape) if shape is not None else type(value).__name__
+            return f"{key}: got {got}, expected {tuple(sent.shape)}"
+    return ""
 
 
 def check_for_bug(round_index: int, first_round: bool, outcome: RoundOutcome) -> None:

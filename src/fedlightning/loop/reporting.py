@@ -1,8 +1,17 @@
 """Reporting: metrics to Lightning loggers (CSV always, any others by ``class_path``, W&B by the
-``wandb`` shorthand), the progress bar, and the plots of a run."""
+``wandb`` shorthand), the progress bar, and the plots of a run.
+
+For clusters: when stderr is not a terminal (a batch job's log file) there is no progress bar but
+one plain, flushed line per evaluated round (every ``log_every`` rounds, and the last):
+``round 3/10 test_acc 0.8123 test_loss 0.5123 time 1.2s failed 0 rejected 0``. A round that
+takes longer than ``slow_round_s`` seconds prints how many of its clients are done every
+``slow_round_s`` seconds (on a terminal too). The run summary closes the log.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,6 +53,62 @@ class Reporter:
         self.plots = plots
         self.loggers: list[Logger] = []
         self.console = Console(stderr=True)
+        self.log_every = 1
+        self.slow_round_s = 5.0
+        self._clients_done = 0
+
+    @property
+    def plain(self) -> bool:
+        """Plain log lines instead of a progress bar: stderr is not a terminal."""
+        return not self.console.is_terminal
+
+    def _line(self, text: str) -> None:
+        self.console.print(text, soft_wrap=True, highlight=False, markup=False)
+        self.console.file.flush()
+
+    def round_line(self, metrics: dict[str, float], rounds: int, last: bool) -> None:
+        """One plain line for an evaluated round (stderr not a terminal; every ``log_every``)."""
+        r = int(metrics["round"])
+        if not self.plain or not (last or r % self.log_every == 0):
+            return
+        self._line(
+            f"round {r}/{rounds} test_acc {metrics.get('test_acc', float('nan')):.4f} "
+            f"test_loss {metrics.get('test_loss', float('nan')):.4f} "
+            f"time {metrics.get('round_time_s', float('nan')):.1f}s "
+            f"failed {int(metrics.get('clients_failed', 0))} "
+            f"rejected {int(metrics.get('clients_rejected', 0))}"
+        )
+
+    def client_done(self, client_id: int) -> None:
+        """Called by a backend after each client fit (for the slow-round progress lines)."""
+        self._clients_done += 1
+
+    @contextmanager
+    def watch_round(self, round_index: int, num_clients: int) -> Iterator[None]:
+        """While a round runs: after ``slow_round_s`` seconds, and every ``slow_round_s`` seconds
+        after, print ``round r: k/n clients done, t s``."""
+        self._clients_done = 0
+        stop = threading.Event()
+        start = time.perf_counter()
+
+        def watch() -> None:
+            while not stop.wait(self.slow_round_s):
+                self._line(
+                    f"round {round_index + 1}: {self._clients_done}/{num_clients} clients done, "
+                    f"{time.perf_counter() - start:.0f} s"
+                )
+
+        watcher = threading.Thread(target=watch, name="fedlightning-round-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+
+    def summary(self, lines: Sequence[str]) -> None:
+        for line in lines:
+            self._line(line)
 
     def plot_partition(self, dm: FederatedDataModule) -> None:
         if self.plots:
@@ -100,7 +165,8 @@ class Reporter:
         """A progress bar over rounds; yields ``advance(description)``."""
         progress = Progress(
             TextColumn("[bold]rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.description}"), console=self.console, disable=not self.progress_bar,
+            TextColumn("{task.description}"), console=self.console,
+            disable=not self.progress_bar or self.plain,
         )  # fmt: skip
         with progress:
             task = progress.add_task("", total=total, completed=start)
@@ -110,5 +176,6 @@ class Reporter:
         if "test_acc" in metrics:
             self.console.print(
                 f"[bold]done[/]: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}"
-                f"{note}, {elapsed:.1f} s; run directory {self.run_dir}"
+                f"{note}, {elapsed:.1f} s; run directory {self.run_dir}",
+                soft_wrap=True,
             )

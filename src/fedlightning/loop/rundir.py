@@ -1,0 +1,236 @@
+"""Run directories that never lose data: checked before anything is written, locked for a run's life.
+
+Policy (README "Run directories"): a run refuses a directory that already holds another run's
+results (``metrics.csv``, ``last.ckpt``, ``global.pt``; CoFED's ``summary.json``) unless it resumes from a
+checkpoint (``--ckpt_path``) or is told ``--loop.overwrite true`` (which deletes those results
+first). We chose refusal over Lightning-style ``version_N`` folders so that a run directory keeps
+naming exactly one run, and ``--ckpt_path <run_dir>/last.ckpt`` stays the way to continue it.
+
+The lock is ``fcntl.flock`` on ``<run_dir>/.fedlightning.lock`` (holding the holder's pid): the
+kernel releases it when the process exits, however it exits, so a lock left by a crashed run is
+stale and never blocks the next one. A second run on a locked directory is refused at once with the
+holder's pid. :func:`check_run_dir` only reads (it probes the lock with a shared, read-only open);
+:class:`RunDirectory` creates the directory and takes the lock after every start-up check passed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+from pathlib import Path
+from types import TracebackType
+
+from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError
+
+LOCK_NAME = ".fedlightning.lock"
+#: files whose presence means the directory holds a run's results
+RESULT_FILES = ("metrics.csv", "last.ckpt", "global.pt", "summary.json", "participants.csv")
+#: what ``overwrite`` deletes (results and the files a run writes beside them)
+RUN_FILES = (
+    *RESULT_FILES,
+    "config.yaml",
+    "partition.csv",
+    "partition.png",
+    "curves.png",
+    "hparams.yaml",
+    "pseudo_labels.csv",
+    "relative_accuracy.png",
+)
+#: a run needs at least this much free space in its directory's file system to start
+MIN_FREE_BYTES = 16 * 2**20
+
+
+def check_run_dir(
+    run_dir: str | Path | None,
+    option: str = "loop.run_dir",
+    resuming: bool = False,
+    overwrite: bool = False,
+    min_free_bytes: int = MIN_FREE_BYTES,
+) -> Path:
+    """Check ``run_dir`` can hold a new run, writing nothing; return it as a Path.
+
+    Refused (:class:`ConfigurationError` naming ``option``): an empty path; a path that is a file
+    or lies under one; a directory (or nearest existing parent) that is not writable or has less
+    than ``min_free_bytes`` free; a directory locked by a live run; a directory holding another
+    run's results unless ``resuming`` or ``overwrite``.
+    """
+    if run_dir is None or not str(run_dir).strip():
+        raise ConfigurationError(
+            f"{option}={run_dir!r} is not allowed: expected a directory path (an empty path would "
+            "write into the current folder)"
+        )
+    path = Path(run_dir)
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        what = "is a file" if existing == path else f"lies under the file {str(existing)!r}"
+        raise ConfigurationError(f"{option}={str(run_dir)!r} {what}: give a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigurationError(
+            f"{option}={str(run_dir)!r} is not writable ({str(existing)!r} is read-only for this "
+            "user): choose a writable directory"
+        )
+    free = shutil.disk_usage(existing).free
+    if free < min_free_bytes:
+        raise ConfigurationError(
+            f"{option}={str(run_dir)!r} has only {free / 2**20:.1f} MiB free on its file system "
+            f"(a run needs at least {min_free_bytes / 2**20:.0f} MiB): free space or choose "
+            "another directory"
+        )
+    holder = lock_holder(path)
+    if holder is not None:
+        raise ConfigurationError(
+            f"{option}={str(run_dir)!r} is in use by another run (pid {holder}): wait for it to "
+            "end or choose another directory"
+        )
+    _refuse_results(path, option, resuming, overwrite)
+    return path
+
+
+def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) -> None:
+    results = [name for name in RESULT_FILES if (path / name).exists()]
+    if results and not (resuming or overwrite):
+        flag = (
+            "--overwrite" if option == "run_dir" else f"--{option.replace('run_dir', 'overwrite')}"
+        )
+        raise ConfigurationError(
+            f"{option}={str(path)!r} already holds another run's results "
+            f"({', '.join(results)}): resume it with --ckpt_path {path / 'last.ckpt'}, replace it "
+            f"with {flag} true, or choose another directory"
+        )
+
+
+def resumes_in(ckpt_path: str | Path, run_dir: str | Path) -> bool:
+    """Whether ``ckpt_path`` lies in ``run_dir`` (a resume that continues that directory's run)."""
+    return Path(ckpt_path).resolve().parent == Path(run_dir).resolve()
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """The pid (as written in the lock file) of a live run holding ``run_dir``'s lock, else None."""
+    lock = run_dir / LOCK_NAME
+    try:
+        handle = open(lock)  # noqa: SIM115 (read-only probe, closed below)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+    finally:
+        handle.close()
+
+
+class RunDirectory:
+    """Context manager: create ``path``, take its exclusive lock, delete old results if
+    ``overwrite``; on exit release the lock, and if the run failed before writing anything,
+    remove the directory it created.
+
+    Raises :class:`ConfigurationError` when another process holds the lock and
+    :class:`StorageError` when the directory cannot be created.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        overwrite: bool = False,
+        option: str = "loop.run_dir",
+        resuming: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self.resuming = resuming
+        self.option = option
+        self._handle = None
+        self._created = False
+
+    def __enter__(self) -> RunDirectory:
+        self._created = not self.path.exists()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path / LOCK_NAME, "a+")  # noqa: SIM115 (held for the run's life)
+        except OSError as error:
+            raise storage_error(error, self.path, "create the run directory") from None
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise ConfigurationError(
+                f"{self.option}={str(self.path)!r} is in use by another run (pid {holder}): wait "
+                "for it to end or choose another directory"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._handle = handle
+        try:  # again under the lock: a run that ended since check_run_dir may have left results
+            _refuse_results(self.path, self.option, self.resuming, self.overwrite)
+        except ConfigurationError:
+            self.__exit__(ConfigurationError, None, None)
+            raise
+        if self.overwrite:
+            self.clear()
+        return self
+
+    def clear(self) -> None:
+        """Delete a previous run's files (``overwrite``); other files in the directory stay."""
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        shutil.rmtree(self.path / "client_state", ignore_errors=True)
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._handle is None:
+            return
+        failed_empty = (
+            kind is not None
+            and self._created
+            and {p.name for p in self.path.iterdir()} <= {LOCK_NAME}
+        )
+        if failed_empty:
+            (self.path / LOCK_NAME).unlink(missing_ok=True)
+        fcntl.flock(self._handle, fcntl.LOCK_UN)
+        self._handle.close()
+        self._handle = None
+        if failed_empty:
+            try:
+                self.path.rmdir()
+            except OSError:
+                pass
+
+
+def storage_error(error: OSError, path: Path, doing: str, note: str = "") -> StorageError:
+    """A one-line :class:`StorageError` for an OSError met while ``doing`` in ``path``."""
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied",
+    }.get(error.errno or -1, error.strerror or str(error))
+    where = f" ({error.filename})" if error.filename else ""
+    return StorageError(f"could not {doing} in {str(path)!r}: {reason}{where}{note}")
+
+
+def interrupted(last_checkpoint: tuple[int, str] | None) -> RunInterrupted:
+    """The Ctrl-C message: after which round the run stopped and the checkpoint that resumes it
+    (``last_checkpoint`` is ``(rounds done, path)`` of the newest checkpoint, or None)."""
+    if last_checkpoint is None:
+        return RunInterrupted(
+            "interrupted before the first checkpoint was written: nothing to resume, start again"
+        )
+    rounds, path = last_checkpoint
+    return RunInterrupted(f"interrupted after round {rounds}; resume with --ckpt_path {path}")
