@@ -35,6 +35,7 @@ from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.sampling import clients_per_round, sample_clients
 from fedlightning.protocol import ClientJob, FitConfig
+from fedlightning.run_config import write_run_config
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.state import ClientStore
@@ -125,6 +126,8 @@ class FederatedLoop:
         num_threads: int | None = None,
         onednn: bool = False,
     ) -> None:
+        self.init_args = {k: v for k, v in locals().items() if k != "self"}  # for config.yaml
+        self.config_written = False  # the CLI writes its own parsed config.yaml
         require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
         require(
             clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
@@ -244,6 +247,8 @@ class FederatedLoop:
     ) -> dict[str, float]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.run_dir)
+        if not self.config_written:
+            write_run_config(self.run_dir / "config.yaml", self.init_args, model, dm)
         dm.save_partition(self.run_dir / "partition.csv")
         self.reporter.plot_partition(dm)
         initial = {
