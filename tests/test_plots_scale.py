@@ -13,7 +13,7 @@ from fedlightning.analysis.partition_map import (
     partition_figure,
     plot_partition,
 )
-from fedlightning.analysis.plots import config_value, plot_curves, plot_runs, pyplot
+from fedlightning.analysis.plots import config_value, plot_curves, pyplot
 from fedlightning.cli import main
 
 

@@ -62,10 +62,12 @@ def describe(value: Any) -> Any:
     return description
 
 
-def run_description(
-    loop_args: Mapping[str, Any], model: Any, datamodule: Any
-) -> dict[str, dict[str, Any]]:
-    """The ``loop``/``model``/``data`` groups of a run started from Python."""
+def run_description(loop: Any, model: Any, datamodule: Any) -> dict[str, dict[str, Any]]:
+    """The ``loop``/``model``/``data`` groups of a run started from Python: the loop's
+    constructor arguments (``loop.init_args``) with the aggregator, backend and run directory it
+    resolved its defaults to."""
+    resolved = {"aggregator": loop.aggregator, "backend": loop.backend, "run_dir": loop.run_dir}
+    loop_args = {**loop.init_args, **resolved}
     hparams = dict(getattr(model, "hparams", {}) or {})
     return {
         "loop": {k: describe(v) for k, v in loop_args.items()},
@@ -74,9 +76,9 @@ def run_description(
     }
 
 
-def write_run_config(path: Path, loop_args: Mapping[str, Any], model: Any, datamodule: Any) -> Path:
+def write_run_config(path: Path, loop: Any, model: Any, datamodule: Any) -> Path:
     """Write :func:`run_description` as YAML to ``path`` (``run_dir/config.yaml``)."""
     text = "# written by FederatedLoop.fit (Python API): the run's loop, model and data settings\n"
-    text += yaml.safe_dump(run_description(loop_args, model, datamodule), sort_keys=False)
+    text += yaml.safe_dump(run_description(loop, model, datamodule), sort_keys=False)
     path.write_text(text)
     return path

@@ -248,7 +248,7 @@ class FederatedLoop:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.run_dir)
         if not self.config_written:
-            write_run_config(self.run_dir / "config.yaml", self.init_args, model, dm)
+            write_run_config(self.run_dir / "config.yaml", self, model, dm)
         dm.save_partition(self.run_dir / "partition.csv")
         self.reporter.plot_partition(dm)
         initial = {
