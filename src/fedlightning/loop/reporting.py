@@ -110,5 +110,6 @@ class Reporter:
         if "test_acc" in metrics:
             self.console.print(
                 f"[bold]done[/]: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}, "
-                f"{elapsed:.1f} s; run directory {self.run_dir}"
+                f"{elapsed:.1f} s; run directory {self.run_dir}",
+                soft_wrap=True,  # one line however narrow the terminal (or 80 columns off one)
             )
