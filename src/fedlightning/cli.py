@@ -21,6 +21,10 @@ from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.loop import ClientBug, FederatedLoop
 
 
+#: the model's sizes, linked from the data module
+LINKED_SIZES = ("num_classes", "in_channels", "image_size")
+
+
 class FederatedCLI(LightningCLI):
     """LightningCLI with the trainer group named ``loop`` and a single seed (``loop.seed``)."""
 
@@ -64,7 +68,7 @@ class FederatedCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("loop.seed", "data.seed")
-        for attribute in ("num_classes", "in_channels", "image_size"):
+        for attribute in LINKED_SIZES:
             parser.link_arguments(
                 "data",
                 f"model.init_args.{attribute}",
@@ -108,8 +112,15 @@ class FederatedCLI(LightningCLI):
         raise SystemExit(0)
 
     def resolved_config(self) -> str:
-        """The config as YAML with every default, link target and ``run_dir`` filled in."""
+        """The config as YAML with every default, link target and ``run_dir`` filled in (the
+        model's sizes are read from the instantiated data module: jsonargparse applies those links
+        to the objects only, so the parsed config still holds the defaults)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
+        datamodule = getattr(self, "datamodule", None)
+        if datamodule is not None:
+            config = config.clone()
+            for attribute in LINKED_SIZES:
+                config[f"model.init_args.{attribute}"] = getattr(datamodule, attribute)
         return self._parser(self.subcommand).dump(config, skip_none=False, skip_link_targets=False)
 
     def before_fit(self) -> None:

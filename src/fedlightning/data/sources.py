@@ -18,7 +18,7 @@ import torch
 from fedlightning.errors import ConfigurationError
 
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
-SOURCES = ("digits", "synthetic", *TORCHVISION_SOURCES, "femnist")
+SOURCES = ("digits", "synthetic", *TORCHVISION_SOURCES, "femnist", "huggingface")
 
 
 @dataclass
@@ -48,11 +48,13 @@ def load_source(
     sample_shape: Sequence[int] = (1, 8, 8),
     noise: float = 1.0,
     emnist_split: str = "balanced",
+    source_options: dict | None = None,
 ) -> DataSplit:
     """Load the data source ``name`` (one of :data:`SOURCES`).
 
     ``num_samples``, ``num_test``, ``num_classes``, ``sample_shape`` and ``noise`` only apply to
-    ``synthetic``; ``emnist_split`` only to ``emnist``.
+    ``synthetic``; ``emnist_split`` only to ``emnist``; ``source_options`` only to ``huggingface``
+    (:mod:`fedlightning.data.hf_source`).
     """
     if name == "digits":
         return load_digits()
@@ -62,6 +64,10 @@ def load_source(
         return load_torchvision(name, root, download, emnist_split)
     if name == "femnist":
         return load_leaf(root)
+    if name == "huggingface":
+        from fedlightning.data.hf_source import load_huggingface
+
+        return load_huggingface(root, source_options)
     raise ConfigurationError(f"unknown data set {name!r}: choose one of {', '.join(SOURCES)}")
 
 
