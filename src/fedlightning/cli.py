@@ -20,7 +20,6 @@ from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.loop import ClientBug, FederatedLoop
 
-
 #: the model's sizes, linked from the data module
 LINKED_SIZES = ("num_classes", "in_channels", "image_size")
 
