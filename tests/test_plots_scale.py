@@ -13,7 +13,7 @@ from fedlightning.analysis.partition_map import (
     partition_figure,
     plot_partition,
 )
-from fedlightning.analysis.plots import config_value, plot_curves, pyplot
+from fedlightning.analysis.plots import config_value, plot_curves
 from fedlightning.cli import main
 
 
@@ -44,7 +44,6 @@ def test_partition_map_bounded_with_integer_ticks(tmp_path, clients):
         assert np.allclose(ticks, np.round(ticks))
     assert heat.get_ylim()[0] >= clients - 1  # the y axis spans every client
     assert len(heat.images[0].get_array()) == min(clients, 100)
-    pyplot().close(fig)
 
 
 def test_binned_rows_keep_label_distributions():
@@ -77,14 +76,13 @@ def test_curves_use_evaluated_rounds_only(tmp_path):
     width, height = png_size(out)
     assert width < 1400 and height < 700
     # one evaluated round: the x axis is not a 0.2-wide window around it
-    plt = pyplot()
-    fig, ax = plt.subplots()
-    from fedlightning.analysis.plots import _round_axis
+    from fedlightning.analysis.plots import _round_axis, figure
+
+    ax = figure((4, 3)).subplots()
 
     _round_axis(ax, np.array([2.0]))
     low, high = ax.get_xlim()
     assert high - low >= 1 and list(ax.get_xticks()) == [2.0]
-    plt.close(fig)
 
 
 def test_plot_groups_seeds_into_mean_and_std(tmp_path, capsys):

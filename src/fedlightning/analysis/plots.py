@@ -23,6 +23,17 @@ def pyplot():
     return plt
 
 
+_pyplot = pyplot  # the name analysis.cka imports
+
+
+def figure(figsize: tuple[float, float]):
+    """A matplotlib Figure drawn by Agg, outside pyplot's global state (nothing to close), with a
+    fixed layout: cheaper to draw than ``tight_layout`` (about 0.4 s instead of 1 s a plot)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize)
+
+
 def integer_axis(axis) -> None:
     """Ticks at integers only (rounds, clients, classes are counts)."""
     from matplotlib.ticker import MaxNLocator
@@ -67,10 +78,10 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     Rows of rounds that were not evaluated (``eval_every`` > 1) carry no metric and are skipped;
     the legends sit below the axes so they never cover a line."""
-    plt = pyplot()
     metrics = read_metrics(run_dir)
     out = Path(out) if out is not None else Path(run_dir) / "curves.png"
-    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig = figure((10, 4.0))
+    acc_ax, loss_ax = fig.subplots(1, 2)
     rounds = metrics.get("round", np.arange(1, 1 + len(next(iter(metrics.values()), []))))
     for key in sorted(metrics):
         ax = (
@@ -90,11 +101,10 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     for ax in (acc_ax, loss_ax):
         _round_axis(ax, rounds)
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, frameon=False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+        if ax.lines:  # in the strip reserved below the axes, never over a line
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=3, frameon=False)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.92, bottom=0.26, wspace=0.22)
+    fig.savefig(out, dpi=110)
     return out
 
 
@@ -163,9 +173,9 @@ def plot_runs(
     count) for several runs. With ``group_by``, runs with the same value of that option (e.g.
     ``loop.aggregator``) form one line: the mean over the runs (seeds) at the x values all of
     them evaluated, and a band of +- one standard deviation (ddof=1) around it."""
-    plt = pyplot()
     groups = group_runs(run_dirs, group_by)
-    fig, ax = plt.subplots(figsize=(7, 4.4))
+    fig = figure((9, 4.4))
+    ax = fig.subplots()
     sizes = []
     for label, members in groups.items():
         curves = []
@@ -190,7 +200,7 @@ def plot_runs(
             ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2)
         sizes.append(len(members))
     if title is None:
-        spread = " (mean +- std over runs)" if max(sizes) > 1 else ""
+        spread = " (mean ± std over runs)" if max(sizes) > 1 else ""
         title = f"{metric} per {x}{spread}"
     ax.set(ylabel=metric, title=title)
     if x == "round":
@@ -198,10 +208,9 @@ def plot_runs(
     else:
         ax.set_xlabel(x)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # right of the axes
+    fig.subplots_adjust(left=0.09, right=0.66, top=0.9, bottom=0.12)
+    fig.savefig(out, dpi=110)
     return Path(out)
 
 
