@@ -7,8 +7,10 @@ is the process's wall time (interpreter start, imports, data, set-up, rounds, wr
 ``metrics.csv``, which covers each round's fits, aggregation, evaluation and checkpoint; by hand:
 its own clock around the rounds); ``outside s`` = whole - rounds, the cost a user pays for the
 front door. ``ratio`` divides fedlightning's by the hand-written loop's (issue 17's target for
-``outside``: at most 1.5). Also prints ``python -X importtime -c "import fedlightning.cli"``'s
-total for the imports alone.
+``outside``: at most 1.5). Also prints the wall time of processes that only import
+``fedlightning.cli`` and only ``torch, sklearn.datasets`` (the hand-written loop's imports): the
+share of ``outside`` that is imports (``python -X importtime -c "import fedlightning.cli"`` breaks
+it down by module).
 
     python benchmarks/startup.py                       # the quickstart (30 rounds), 3 repeats
     python benchmarks/startup.py --rounds 5 --repeats 1
@@ -63,9 +65,10 @@ def run_by_hand(rounds: int, env: dict[str, str]) -> tuple[float, float]:
     return whole, json.loads(out.strip().splitlines()[-1])["rounds_s"]
 
 
-def import_time(env: dict[str, str]) -> float:
+def import_time(env: dict[str, str], modules: str) -> float:
+    """Wall time of a fresh process that only imports ``modules``."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import fedlightning.cli"], env=env, cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-c", f"import {modules}"], env=env, cwd=ROOT, check=True)
     return time.perf_counter() - start
 
 
@@ -83,11 +86,12 @@ def main() -> None:
         src + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else src
     )
     samples: dict[str, list[tuple[float, float]]] = {"fedlightning fit": [], "hand-written": []}
-    imports = []
+    imports: dict[str, list[float]] = {"fedlightning.cli": [], "torch, sklearn.datasets": []}
     for _ in range(args.repeats):
         samples["fedlightning fit"].append(run_fedlightning(args.rounds, env))
         samples["hand-written"].append(run_by_hand(args.rounds, env))
-        imports.append(import_time(env))
+        for modules, times in imports.items():
+            times.append(import_time(env, modules))
     medians = {
         name: tuple(statistics.median(s[i] for s in runs) for i in (0, 1))
         for name, runs in samples.items()
