@@ -160,8 +160,8 @@ def main(args: list[str] | None = None) -> None:
             from fedlightning.cofed.cli import main as cofed_main
 
             cofed_main(argv[1:])
-        elif argv[:1] == ["fit"] and any(a.split("=")[0] == "--print_config" for a in argv):
-            rest = [a for a in argv if a.split("=")[0] != "--print_config"]
+        elif argv[:1] == ["fit"] and "--print_config" in argv:  # with =flags: jsonargparse's
+            rest = [a for a in argv if a != "--print_config"]
             sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
             FederatedCLI(args=rest, print_config=True)
         else:
