@@ -14,16 +14,26 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from fedlightning.cli_help import PlainHelpFormatter, print_fit_usage, print_overview, version
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError, RunStopped, StorageError
 from fedlightning.loop import ClientBug, FederatedLoop
 
+#: the model's sizes, linked from the data module
+LINKED_SIZES = ("num_classes", "in_channels", "image_size")
+
 
 class FederatedCLI(LightningCLI):
     """LightningCLI with the trainer group named ``loop`` and a single seed (``loop.seed``)."""
 
-    def __init__(self, args: Any = None, **kwargs: Any) -> None:
+    def __init__(self, args: Any = None, print_config: bool = False, **kwargs: Any) -> None:
+        self.print_resolved_config = print_config
+        readable = {"formatter_class": PlainHelpFormatter}
+        kwargs.setdefault(
+            "parser_kwargs",
+            {"prog": "fedlightning", **readable, "fit": {"prog": "fedlightning fit", **readable}},
+        )
         kwargs.setdefault("model_class", ClientModule)
         kwargs.setdefault("datamodule_class", FederatedDataModule)
         kwargs.setdefault("subclass_mode_model", True)
@@ -68,7 +78,7 @@ class FederatedCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("loop.seed", "data.seed")
-        for attribute in ("num_classes", "in_channels", "image_size"):
+        for attribute in LINKED_SIZES:
             parser.link_arguments(
                 "data",
                 f"model.init_args.{attribute}",
@@ -95,12 +105,41 @@ class FederatedCLI(LightningCLI):
         config = {**self._get(self.config_init, "loop", default={}), **kwargs}
         return self.trainer_class(**config)
 
+    def instantiate_classes(self) -> None:
+        """As LightningCLI; with ``--print_config``, print the config as it will run and exit: the
+        links (``data.seed``, the model's ``num_classes``/``in_channels``/``image_size``, which
+        need the data) and ``run_dir`` resolved. Without the data on disk the linked sizes are
+        left out with a note saying why."""
+        if not self.print_resolved_config:
+            super().instantiate_classes()
+            return
+        note = ""
+        try:
+            super().instantiate_classes()
+        except Exception as err:
+            cause = _configuration_error(err)
+            if cause is None:
+                raise
+            note = f"# model sizes are linked from the data, which could not be read: {cause}\n"
+        print(self.resolved_config() + note, end="")
+        raise SystemExit(0)
+
+    def resolved_config(self) -> str:
+        """The config as YAML with every default, link target and ``run_dir`` filled in (the
+        model's sizes are read from the instantiated data module: jsonargparse applies those links
+        to the objects only, so the parsed config still holds the defaults)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        datamodule = getattr(self, "datamodule", None)
+        if datamodule is not None:
+            config = config.clone()
+            for attribute in LINKED_SIZES:
+                config[f"model.init_args.{attribute}"] = getattr(datamodule, attribute)
+        return self._parser(self.subcommand).dump(config, skip_none=False, skip_link_targets=False)
+
     def before_fit(self) -> None:
         """Hand the resolved config to the loop, which writes ``<run_dir>/config.yaml`` once every
         start-up check passed (a refused run writes nothing)."""
-        self.trainer.config_text = self._parser(self.subcommand).dump(
-            self.config[self.subcommand], skip_none=False, skip_link_targets=False
-        )
+        self.trainer.config_text = self.resolved_config()
 
 
 def _attribute(name: str):
@@ -115,6 +154,15 @@ def main(args: list[str] | None = None) -> None:
     (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
     pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop."""
     argv = sys.argv[1:] if args is None else list(args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print_overview()
+        raise SystemExit(0 if argv else 2)
+    if argv[0] == "--version":
+        print(f"fedlightning {version()}")
+        raise SystemExit(0)
+    if argv == ["fit"]:
+        print_fit_usage()
+        raise SystemExit(2)
     try:
         if argv[:1] == ["plot"]:
             from fedlightning.analysis.plots import plot_command
@@ -124,6 +172,10 @@ def main(args: list[str] | None = None) -> None:
             from fedlightning.cofed.cli import main as cofed_main
 
             cofed_main(argv[1:])
+        elif argv[:1] == ["fit"] and "--print_config" in argv:  # with =flags: jsonargparse's
+            rest = [a for a in argv if a != "--print_config"]
+            sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
+            FederatedCLI(args=rest, print_config=True)
         else:
             FederatedCLI(args=args)
     except (RunStopped, ClientBug) as err:

@@ -10,7 +10,7 @@ here does not cover): :func:`trainer_reason` says which, and why.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -122,6 +122,13 @@ class ClientFitter:
     lean Trainer for objectives that need one (:func:`trainer_reason`)."""
 
     def __init__(self, config: FitConfig) -> None:
+        # fp16 AMP does not exist on a CPU: Lightning runs bf16-mixed there, and both Fabric and
+        # the Trainer warn about it on every construction. The loop's evaluation Fabric warns
+        # once per run; the fits here run bf16-mixed directly and add no copies of that warning.
+        if config.precision == "16-mixed":
+            device = Fabric(accelerator=config.accelerator, devices=1).device
+            if device.type == "cpu":
+                config = replace(config, precision="bf16-mixed")
         self.config = config
         self.fabric = self._fabric()
         self.device = self.fabric.device

@@ -33,17 +33,22 @@ def make_wandb_logger(
     name: str | None = None,
 ) -> WandbLogger:
     """A WandbLogger writing under ``run_dir``; a resumed run passes its stored ``run_id`` to continue it."""
+    import wandb
+
     offline = os.environ.get("WANDB_MODE") == "offline" or not wandb_api_key_available()
+    # The run is started here with wandb's public API and handed to the logger: WandbLogger would
+    # pass wandb.init an ``anonymous`` value, which wandb 0.31 answers with a warning that a user
+    # cannot act on ("The anonymous setting has no effect"). The x-axis is WandbLogger's own.
+    run = wandb.init(
+        project=project, group=group, tags=tags, name=name or Path(run_dir).name,
+        dir=str(run_dir), id=run_id, resume="allow", mode="offline" if offline else "online",
+    )  # fmt: skip
+    run.define_metric("trainer/global_step")
+    run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
     logger = WandbLogger(
-        project=project,
-        group=group,
-        tags=tags,
-        name=name or Path(run_dir).name,
-        save_dir=str(run_dir),
-        offline=offline,
-        id=run_id,
-        resume="allow" if run_id else None,
-    )
+        project=project, name=run.name, save_dir=str(run_dir), offline=offline, id=run.id,
+        experiment=run,
+    )  # fmt: skip
     if offline:
         log.warning(
             "W&B logs offline (no API key); sync later with: wandb sync %s/wandb/offline-run-*",

@@ -13,8 +13,10 @@ Needs the optional extra: ``pip install 'fedlightning[ray]'``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,14 +39,40 @@ def _ray():
     return ray
 
 
+class _DefaultTokenAuthNote(logging.Filter):
+    """Drops Ray's note that a new local cluster uses token authentication, its secure default
+    (no action is needed; setting ``RAY_AUTH_MODE`` yourself also silences it in Ray). Every
+    other record of that logger, e.g. the warning that authentication is *disabled*, passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+@contextlib.contextmanager
+def _quiet_default_token_auth():
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    note = _DefaultTokenAuthNote()
+    logger.addFilter(note)
+    try:
+        yield
+    finally:
+        logger.removeFilter(note)
+
+
 #: how often Ray restarts an actor whose process died
 _MAX_RESTARTS = 3
 
 
 class ClientWorker:
-    """One actor: a client module, the data module and a :class:`ClientFitter`."""
+    """One actor: a client module, the data module and a :class:`ClientFitter`.
 
-    def __init__(self, model: ClientModule, dm: FederatedDataModule, config: FitConfig) -> None:
+    The constructor takes only the small FitConfig; the model and the data module come with each
+    fit as ``shared = [model_ref, datamodule_ref]`` (object refs inside a list: Ray passes them
+    as borrowed references) and are fetched on the actor's first fit. Ray logs an error-level line
+    for every restartable actor whose constructor arguments live in the object store; here none
+    do, and a restarted actor fetches the refs again (the backend holds them for the run)."""
+
+    def __init__(self, config: FitConfig) -> None:
         from fedlightning.fit import ClientFitter
         from fedlightning.training import cpu_compute, quiet_lightning
 
@@ -52,13 +80,17 @@ class ClientWorker:
         self._contexts = [cpu_compute(config.num_threads, config.onednn), quiet_lightning()]
         for context in self._contexts:
             context.__enter__()
-        self.model = model
-        self.dm = dm
-        self.dm.setup()
         self.fitter = ClientFitter(config)
-        self.dm.place_training_data(self.fitter.device)
+        self.model: ClientModule | None = None
+        self.dm: FederatedDataModule | None = None
 
-    def fit(self, job: ClientJob) -> FitResult:
+    def fit(self, job: ClientJob, shared: list[Any]) -> FitResult:
+        if self.model is None:
+            import ray
+
+            self.model, self.dm = ray.get(shared)
+            self.dm.setup()
+            self.dm.place_training_data(self.fitter.device)
         return self.fitter.fit(self.model, self.dm, job)
 
 
@@ -103,13 +135,15 @@ class RayBackend(Backend):
         self.num_gpus = num_gpus_per_client
         self.num_cpus = num_cpus_per_client
         self.workers: list[Any] = []
+        self.shared: list[Any] = []
 
     def start(
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
     ) -> None:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            with _quiet_default_token_auth():
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         resources = ray.cluster_resources()
         self._check_resources(ray, resources)
         count = self.num_workers
@@ -130,8 +164,8 @@ class RayBackend(Backend):
         )(ClientWorker)
         model = copy.deepcopy(model)
         model.trainer = None
-        model_ref, dm_ref = ray.put(model), ray.put(datamodule)
-        self.workers = [worker.remote(model_ref, dm_ref, config) for _ in range(count)]
+        self.shared = [ray.put(model), ray.put(datamodule)]  # alive while actors may restart
+        self.workers = [worker.remote(config) for _ in range(count)]
 
     def _check_resources(self, ray: Any, resources: dict[str, float]) -> None:
         """Refuse at once an actor that no node of the cluster can ever hold (Ray would wait
@@ -151,7 +185,7 @@ class RayBackend(Backend):
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         ray = _ray()
         pending = {
-            job.client_id: self.workers[i % len(self.workers)].fit.remote(job)
+            job.client_id: self.workers[i % len(self.workers)].fit.remote(job, self.shared)
             for i, job in enumerate(jobs)  # round-robin: actors run their queue in order
         }
         results: RoundResults = {}
@@ -176,4 +210,4 @@ class RayBackend(Backend):
             ray = _ray()
             for worker in self.workers:
                 ray.kill(worker)
-        self.workers = []
+        self.workers, self.shared = [], []

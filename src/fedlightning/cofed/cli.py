@@ -13,6 +13,7 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from fedlightning.cli_help import PlainHelpFormatter
 from fedlightning.cofed.pipeline import CoFED, CoFEDResult
 from fedlightning.loop.rundir import RunDirectory, check_run_dir, storage_error
 
@@ -21,9 +22,10 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="fedlightning cofed",
         description="CoFED: one-shot co-training through pseudo labels on a public set (arXiv:2202.08603).",
+        formatter_class=PlainHelpFormatter,
     )
     parser.add_argument(
-        "--config", action=ActionConfigFile, help="a YAML config (e.g. configs/cofed.yaml)"
+        "-c", "--config", action=ActionConfigFile, help="a YAML config (e.g. configs/cofed.yaml)"
     )
     parser.add_class_arguments(CoFED, None, sub_configs=True)
     parser.add_argument(

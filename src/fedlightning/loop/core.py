@@ -49,6 +49,7 @@ from fedlightning.loop.sampling import clients_per_round, sample_clients
 from fedlightning.loop.summary import RunSummary
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import ClientJob, FitConfig
+from fedlightning.run_config import write_run_config
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.state import ClientStore
@@ -155,6 +156,7 @@ class FederatedLoop:
         max_skipped_fraction: float = 0.5,
         target_acc: float | None = None,
     ) -> None:
+        self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
         check_seed(seed)
         require(
             run_dir is None or bool(str(run_dir).strip()),
@@ -338,8 +340,10 @@ class FederatedLoop:
             restore_rng(checkpoint)
             start_round, wandb_id = checkpoint["round"], checkpoint.get("wandb_id")
         remove_stale_temporaries(self.run_dir)
-        if self.config_text is not None:
+        if self.config_text is not None:  # the CLI's parsed config
             (self.run_dir / "config.yaml").write_text(self.config_text)
+        else:  # a Python-API run: a description of its loop, model and data
+            write_run_config(self.run_dir / "config.yaml", self, model, dm)
         dm.save_partition(self.run_dir / "partition.csv")
         self.reporter.plot_partition(dm)
         self.reporter.open(self.history, wandb_id, dm)

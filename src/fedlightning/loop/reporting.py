@@ -177,5 +177,5 @@ class Reporter:
             self.console.print(
                 f"[bold]done[/]: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}"
                 f"{note}, {elapsed:.1f} s; run directory {self.run_dir}",
-                soft_wrap=True,
+                soft_wrap=True,  # one line however narrow the terminal (or 80 columns off one)
             )

@@ -11,16 +11,13 @@ HeteroAvg can average every parameter over the clients that own it. Every model 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import torch
-from timm.layers import resample_abs_pos_embed
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torchvision.models.resnet import BasicBlock
 
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.errors import require
 from fedlightning.models.registry import register_model
 
 #: blocks per stage of each ResNet depth (InCo's ResNet10..26)
@@ -127,57 +124,6 @@ for _depth in RESNET_BLOCKS:
     _resnet(_depth)
 
 
-class ViT(VisionTransformer):
-    """timm's VisionTransformer whose ``forward_features`` is the pooled (class token)
-    representation of size ``feature_dim``, followed by ``head``; state_dict keys are timm's
-    (``blocks.{i}.norm1.weight`` ...)."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.feature_dim = self.embed_dim
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(super().forward_features(x), pre_logits=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.forward_features(x))
-
-
-def load_pretrained_prefix(model: ViT, path: str | Path) -> None:
-    """Copy a local checkpoint of a (deeper or equal) ViT into ``model``: blocks
-    ``0 .. depth-1``, the embeddings and the final norm. ``head.*`` (the task's new classifier)
-    and deeper blocks are skipped; ``pos_embed`` is resampled to the model's patch grid. A missing
-    key or another shape is a ConfigurationError. Accepts a bare state_dict or one under
-    ``state_dict``/``model``. Nothing is downloaded."""
-    file = Path(path)
-    require(file.is_file(), "network_kwargs.pretrained_path", str(path), "an existing local file")
-    state = torch.load(file, map_location="cpu", weights_only=True)
-    for wrapper in ("state_dict", "model"):
-        if isinstance(state, dict) and wrapper in state and isinstance(state[wrapper], dict):
-            state = state[wrapper]
-    own = model.state_dict()
-    loaded = {}
-    for key, target in own.items():
-        if key.startswith("head."):
-            continue
-        if key not in state:
-            raise ConfigurationError(
-                f"pretrained_path={str(path)!r} has no {key!r}: not a ViT of depth >= {len(model.blocks)}"
-            )
-        value = state[key]
-        if key == "pos_embed" and value.shape != target.shape:
-            value = resample_abs_pos_embed(
-                value, list(model.patch_embed.grid_size), num_prefix_tokens=model.num_prefix_tokens
-            )
-        if value.shape != target.shape:
-            raise ConfigurationError(
-                f"pretrained_path={str(path)!r}: {key} has shape {tuple(value.shape)}, the model "
-                f"needs {tuple(target.shape)} (check embed_dim, patch_size and in_channels)"
-            )
-        loaded[key] = value
-    model.load_state_dict(loaded, strict=False)
-
-
 def _vit(depth: int):
     def build(
         num_classes: int,
@@ -199,6 +145,8 @@ def _vit(depth: int):
             embed_dim >= 1 and num_heads >= 1 and embed_dim % num_heads == 0,
             f"vit_s{depth} embed_dim", embed_dim, f"a positive multiple of num_heads={num_heads}",
         )  # fmt: skip
+        from fedlightning.models.vit import ViT, load_pretrained_prefix  # timm on first use
+
         model = ViT(
             img_size=image_size, patch_size=patch_size, in_chans=in_channels, num_classes=num_classes,
             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
@@ -212,7 +160,7 @@ def _vit(depth: int):
         f"ViT-S/{depth}: timm's vit_small_patch16_224 layout (embed 384, 6 heads) with {depth} "
         "blocks and a new head. ``patch_size=None`` takes 16 for inputs of 112 pixels or more and "
         "``image_size // 4`` (a 4x4 patch grid) below. ``pretrained_path``: a local checkpoint "
-        "whose first blocks are copied (:func:`load_pretrained_prefix`)."
+        "whose first blocks are copied (:func:`fedlightning.models.vit.load_pretrained_prefix`)."
     )
     return register_model(f"vit_s{depth}")(build)
 
