@@ -101,7 +101,8 @@ def _attribute(name: str):
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``fedlightning`` command; ``fedlightning plot ...`` overlays runs
     (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
-    pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop."""
+    pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop;
+    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`)."""
     argv = sys.argv[1:] if args is None else list(args)
     try:
         if argv[:1] == ["plot"]:
@@ -112,6 +113,10 @@ def main(args: list[str] | None = None) -> None:
             from fedlightning.cofed.cli import main as cofed_main
 
             cofed_main(argv[1:])
+        elif argv[:1] == ["flower-app"]:
+            from fedlightning.flower_app.export import main as flower_app_main
+
+            flower_app_main(argv[1:])
         else:
             FederatedCLI(args=args)
     except (RunStopped, ClientBug) as err:
