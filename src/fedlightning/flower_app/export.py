@@ -46,13 +46,17 @@ clientapp = "{clientapp}"
 SERVER_APP = '''\
 """ServerApp: the fedlightning loop on this run's Grid (written by `fedlightning flower-app`)."""
 
-from fedlightning.flower_app.server import app  # noqa: F401
+from fedlightning.flower_app import server
+
+app = server.app
 '''
 
 CLIENT_APP = '''\
 """ClientApp: fedlightning client fits on this SuperNode (written by `fedlightning flower-app`)."""
 
-from fedlightning.flower_app.client import app  # noqa: F401
+from fedlightning.flower_app import client
+
+app = client.app
 '''
 
 
