@@ -31,16 +31,9 @@ Needs the optional extra: ``pip install 'fedlightning[flower]'``.
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, Listener
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlightning.backends.base import Backend, RoundResults, WorkerLost
@@ -79,48 +72,6 @@ def _class_spec(obj: Any, what: str) -> dict[str, Any]:
             f"and {type(obj).__name__}'s are not ({error}); pass them as plain values"
         ) from None
     return spec
-
-
-class _RelayTransport:
-    """The GridTransport calls, run by the relay ServerApp on the other end of ``connection``."""
-
-    def __init__(self, connection: Connection, timeout: float) -> None:
-        self.connection = connection
-        self.timeout = timeout
-
-    def _call(self, name: str, *args: Any, timeout: float) -> Any:
-        try:
-            self.connection.send((name, args))
-            if not self.connection.poll(timeout + self.timeout):
-                raise WorkerLost(
-                    f"the relay ServerApp did not answer {name} within {timeout + self.timeout:g} s"
-                )
-            status, value = self.connection.recv()
-        except (EOFError, OSError) as error:
-            raise WorkerLost(
-                f"the relay ServerApp on the SuperLink went away ({error!r})"
-            ) from None
-        if status != "ok":
-            raise RuntimeError(f"the relay ServerApp's {name} failed:\n{value}")
-        return value
-
-    def node_ids(self) -> list[int]:
-        return self._call("node_ids", timeout=0)
-
-    def served(
-        self, node_ids: Sequence[int], num_clients: int, timeout: float
-    ) -> dict[int, list[int]]:
-        return self._call("served", list(node_ids), num_clients, timeout, timeout=timeout)
-
-    def exchange(self, message_type: str, group_id: str, requests: list, timeout: float) -> list:
-        return self._call("exchange", message_type, group_id, requests, timeout, timeout=timeout)
-
-    def close(self) -> None:
-        try:
-            self.connection.send(("stop", ()))
-        except OSError:
-            pass
-        self.connection.close()
 
 
 class FlowerBackend(Backend):
@@ -198,70 +149,14 @@ class FlowerBackend(Backend):
                 )
             self.transport = GridTransport(GRID[0])
         else:
-            self.transport = self._start_relay()
+            from fedlightning.flower_app.connect import start_relay
+
+            self.transport, self._tmp = start_relay(self)
         try:
             self._discover()
         except BaseException:
             self.stop()
             raise
-
-    def _start_relay(self) -> _RelayTransport:
-        from fedlightning.flower_app.export import write_pyproject
-
-        key = secrets.token_bytes(32)
-        listener = Listener((self.relay_host, 0), authkey=key)
-        self._tmp = tempfile.mkdtemp(prefix="fedlightning-flower-")
-        app = Path(self._tmp) / "relay"
-        write_pyproject(
-            app, "fedlightning-relay", "fedlightning.flower_app.relay:app",
-            "fedlightning.flower_app.client:app",
-            {"relay-address": f"{self.relay_host}:{listener.address[1]}", "relay-key": key.hex()},
-        )  # fmt: skip
-        (app / "fedlightning_relay.py").write_text(
-            '"""fedlightning relay app (components in fedlightning)."""\n'
-        )
-        home = Path(self._tmp) / "flwr-home"
-        home.mkdir()
-        connection = {"address": self.address, "insecure": self.insecure}
-        if self.root_certificates:
-            connection["root-certificates"] = str(Path(self.root_certificates).resolve())
-        if self.federation:
-            connection["federation"] = self.federation
-        import tomli_w
-
-        (home / "config.toml").write_text(
-            tomli_w.dumps({"superlink": {"default": "fedlightning", "fedlightning": connection}})
-        )
-        flwr = shutil.which("flwr", path=str(Path(sys.executable).parent)) or shutil.which("flwr")
-        if flwr is None:
-            raise ConfigurationError(
-                "loop.backend=FlowerBackend: Flower's `flwr` command is not on PATH"
-            )
-        accepted: list[Connection] = []
-        thread = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
-        thread.start()
-        import os
-
-        submitted = subprocess.run(
-            [flwr, "run", str(app), "fedlightning", "--format", "json"],
-            env={**os.environ, "FLWR_HOME": str(home)}, capture_output=True, text=True,
-            timeout=self.connect_timeout,
-        )  # fmt: skip
-        if submitted.returncode != 0 or '"success": false' in submitted.stdout:
-            listener.close()
-            raise ConfigurationError(
-                f"loop.backend=FlowerBackend could not start a run on the SuperLink at "
-                f"{self.address} (address, insecure, root_certificates):\n{submitted.stdout}{submitted.stderr}"
-            )
-        thread.join(self.connect_timeout)
-        listener.close()
-        if not accepted:
-            raise ConfigurationError(
-                f"loop.backend=FlowerBackend: the relay ServerApp did not connect back to "
-                f"{self.relay_host} within {self.connect_timeout:g} s (relay_host must be this "
-                "machine's address as the SuperLink's machine reaches it)"
-            )
-        return _RelayTransport(accepted[0], timeout=30.0)
 
     def _discover(self) -> None:
         deadline = time.monotonic() + self.connect_timeout
@@ -330,7 +225,7 @@ class FlowerBackend(Backend):
         return {job.client_id: results[job.client_id] for job in jobs}
 
     def stop(self) -> None:
-        if isinstance(self.transport, _RelayTransport):
+        if self.transport is not None and hasattr(self.transport, "close"):
             self.transport.close()
         self.transport, self.served = None, {}
         if self._tmp is not None:
