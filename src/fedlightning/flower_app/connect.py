@@ -68,9 +68,17 @@ class RelayTransport:
 def start_relay(backend: Any) -> tuple[RelayTransport, str]:
     """Submit the relay ServerApp with ``flwr run`` to ``backend.address`` and wait for it to
     connect back; the transport and the temporary directory to remove after the run."""
+    tmp = tempfile.mkdtemp(prefix="fedlightning-flower-")
+    try:
+        return RelayTransport(_submit(backend, tmp), timeout=30.0), tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _submit(backend: Any, tmp: str) -> Connection:
     key = secrets.token_bytes(32)
     listener = Listener((backend.relay_host, 0), authkey=key)
-    tmp = tempfile.mkdtemp(prefix="fedlightning-flower-")
     app = Path(tmp) / "relay"
     write_pyproject(
         app, "fedlightning-relay", "fedlightning.flower_app.relay:app",
@@ -119,4 +127,4 @@ def start_relay(backend: Any) -> tuple[RelayTransport, str]:
             f"{backend.relay_host} within {backend.connect_timeout:g} s (relay_host must be this "
             "machine's address as the SuperLink's machine reaches it)"
         )
-    return RelayTransport(accepted[0], timeout=30.0), tmp
+    return accepted[0]
