@@ -27,9 +27,9 @@ def run_main(capsys, *args):
 def test_help_lists_every_subcommand_and_version(capsys):
     code, out, _ = run_main(capsys, "--help")
     assert code == 0
-    for name in ("fit", "cofed", "plot"):
+    for name in ("fit", "cofed", "plot", "flower-app"):
         assert re.search(rf"^  {name}\s+\S", out, re.M), out
-    assert set(SUBCOMMANDS) == {"fit", "cofed", "plot"}
+    assert set(SUBCOMMANDS) == {"fit", "cofed", "plot", "flower-app"}
     code, out, _ = run_main(capsys, "--version")
     assert code == 0 and out.strip() == f"fedlightning {__version__}"
 
@@ -39,7 +39,7 @@ def test_bare_fit_points_at_configs(capsys):
     assert code == 2 and "configs/quickstart.yaml" in err and "fit.model" not in err
 
 
-@pytest.mark.parametrize("command", ["fit", "cofed", "plot"])
+@pytest.mark.parametrize("command", ["fit", "cofed", "plot", "flower-app"])
 def test_help_is_plain_text_and_takes_c(capsys, command):
     code, out, _ = run_main(capsys, command, "--help")
     assert code == 0

@@ -152,7 +152,8 @@ def _attribute(name: str):
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``fedlightning`` command; ``fedlightning plot ...`` overlays runs
     (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
-    pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop."""
+    pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop;
+    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`)."""
     argv = sys.argv[1:] if args is None else list(args)
     if not argv or argv[0] in ("-h", "--help"):
         print_overview()
@@ -176,6 +177,10 @@ def main(args: list[str] | None = None) -> None:
             rest = [a for a in argv if a != "--print_config"]
             sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
             FederatedCLI(args=rest, print_config=True)
+        elif argv[:1] == ["flower-app"]:
+            from fedlightning.flower_app.export import main as flower_app_main
+
+            flower_app_main(argv[1:])
         else:
             FederatedCLI(args=args)
     except (RunStopped, ClientBug) as err:

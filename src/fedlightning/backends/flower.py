@@ -1,0 +1,233 @@
+"""Flower backend (``loop.backend: FlowerBackend``): client fits on SuperNodes of a Flower
+deployment, the fedlightning loop staying the server.
+
+Each round, every :class:`~fedlightning.protocol.ClientJob` becomes a Flower ``Message``
+(:mod:`fedlightning.flower_app.records`: weights, payload extras and client state as
+ArrayRecord/ConfigRecord) sent through the SuperLink to the SuperNode serving that client; the
+SuperNode's ClientApp (:mod:`fedlightning.flower_app.client`) fits it with
+:class:`~fedlightning.fit.ClientFitter` on its own data and replies with the upload.
+
+How the loop reaches the SuperLink: Flower hands a ``Grid`` only to a ServerApp, so ``start``
+submits a small relay ServerApp with ``flwr run`` (the connection ``address``, ``insecure`` and
+``root_certificates`` passed to Flower as a SuperLink connection) and the relay connects back to
+this process on ``relay_host`` (authenticated with a one-run key); the loop keeps sampling,
+aggregation, evaluation and checkpoints (resume as with any backend). With ``address: null`` the
+backend uses the Grid of the ServerApp it runs in (the app ``fedlightning flower-app`` writes).
+
+Which node fits which client: each SuperNode's node config (``partition-id``/``num-partitions`` or
+``client-ids``, :mod:`fedlightning.flower_app.client`); ``start`` waits up to ``connect_timeout``
+for SuperNodes covering every client id. Failures: a fit that raises on a node comes back as a
+:class:`RemoteClientError` with the node's traceback; a node that gives no reply within
+``round_timeout`` (killed, disconnected) or a Flower-level error is :class:`WorkerLost`, which the
+loop's failure policy treats as a client failure, never as a bug. A lost node is asked again which
+clients it serves when the SuperLink lists it again.
+
+On CPU with the same partition and torch threads, the result is byte-identical to the sequential
+backend's: nodes fit exactly as it does, and every record conversion is exact.
+
+Needs the optional extra: ``pip install 'fedlightning[flower]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fedlightning.backends.base import Backend, RoundResults, WorkerLost
+from fedlightning.errors import ConfigurationError, require
+from fedlightning.protocol import ClientJob, FitConfig
+from fedlightning.seeding import derive_seed, seed_fit
+
+if TYPE_CHECKING:
+    from fedlightning.clients.base import ClientModule
+    from fedlightning.data.datamodule import FederatedDataModule
+
+
+class RemoteClientError(RuntimeError):
+    """A client's fit raised on its SuperNode (the node's traceback is in ``traceback``)."""
+
+
+def _flwr() -> None:
+    try:
+        import flwr  # noqa: F401
+    except ImportError as error:
+        raise ConfigurationError(
+            "loop.backend=FlowerBackend needs Flower: pip install 'fedlightning[flower]'"
+        ) from error
+
+
+def _class_spec(obj: Any, what: str) -> dict[str, Any]:
+    spec = {
+        "class_path": f"{type(obj).__module__}.{type(obj).__qualname__}",
+        "init_args": {k: v for k, v in obj.hparams.items() if not k.startswith("_")},
+    }
+    try:
+        json.dumps(spec)
+    except TypeError as error:
+        raise ConfigurationError(
+            f"loop.backend=FlowerBackend sends SuperNodes the {what}'s class and init args as JSON, "
+            f"and {type(obj).__name__}'s are not ({error}); pass them as plain values"
+        ) from None
+    return spec
+
+
+class FlowerBackend(Backend):
+    """Fits each round's clients on Flower SuperNodes (see the module docstring).
+
+    Args:
+        address: the SuperLink's address as ``flwr run`` reaches it (``host:port``); ``null``: the
+            Grid of the ServerApp this loop runs in (an app written by ``fedlightning flower-app``).
+        insecure: connect without TLS (``flower-superlink --insecure``).
+        root_certificates: path of the CA certificate(s) that signed the SuperLink's TLS certificate.
+        federation: the federation to submit the run to (``@account/name``; Flower's default if
+            ``null``).
+        round_timeout: seconds to wait for a round's replies; a node silent that long is lost.
+        connect_timeout: seconds to wait for the relay ServerApp and for SuperNodes covering every
+            client at start.
+        relay_host: the address of this machine as the SuperLink's machine reaches it (the relay
+            ServerApp connects back to it on a free port).
+    """
+
+    def __init__(
+        self,
+        address: str | None = "127.0.0.1:8000",
+        insecure: bool = False,
+        root_certificates: str | None = None,
+        federation: str | None = None,
+        round_timeout: float = 600.0,
+        connect_timeout: float = 120.0,
+        relay_host: str = "127.0.0.1",
+    ) -> None:
+        require(
+            round_timeout > 0, "loop.backend.init_args.round_timeout", round_timeout, "a number > 0"
+        )
+        require(
+            connect_timeout > 0,
+            "loop.backend.init_args.connect_timeout",
+            connect_timeout,
+            "a number > 0",
+        )
+        require(
+            address is None or ":" in address,
+            "loop.backend.init_args.address", address, "null or host:port of the SuperLink",
+        )  # fmt: skip
+        self.address, self.insecure, self.root_certificates = address, insecure, root_certificates
+        self.federation = federation
+        self.round_timeout, self.connect_timeout, self.relay_host = (
+            round_timeout,
+            connect_timeout,
+            relay_host,
+        )
+        self.transport: Any = None
+        self.served: dict[int, list[int]] = {}
+        self._tmp: str | None = None
+
+    def check(self, model: ClientModule, config: FitConfig) -> None:
+        _flwr()
+
+    # -- start: reach the SuperLink, wait for SuperNodes -----------------------------------------
+    def start(
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
+    ) -> None:
+        _flwr()
+        self.config, self.num_clients = config, datamodule.num_clients
+        self.spec = {
+            "model": _class_spec(model, "model"),
+            "data": _class_spec(datamodule, "data module"),
+        }
+        if self.address is None:
+            from fedlightning.flower_app.server import GRID
+            from fedlightning.flower_app.transport import GridTransport
+
+            if not GRID:
+                raise ConfigurationError(
+                    "loop.backend.init_args.address=null means the Grid of the ServerApp this loop "
+                    "runs in, but none runs here: set it to your SuperLink's host:port"
+                )
+            self.transport = GridTransport(GRID[0])
+        else:
+            from fedlightning.flower_app.connect import start_relay
+
+            self.transport, self._tmp = start_relay(self)
+        try:
+            self._discover()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _discover(self) -> None:
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            self._refresh(max(1.0, deadline - time.monotonic()))
+            covered = {c for ids in self.served.values() for c in ids}
+            missing = sorted(set(range(self.num_clients)) - covered)
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise ConfigurationError(
+                    f"loop.backend=FlowerBackend: after {self.connect_timeout:g} s no SuperNode "
+                    f"serves client(s) {missing} (nodes: {sorted(self.served)}); start SuperNodes "
+                    "whose node config (partition-id/num-partitions or client-ids) covers every client"
+                )
+            time.sleep(0.5)
+
+    def _refresh(self, timeout: float) -> None:
+        """Forget nodes the SuperLink no longer lists; ask new ones which clients they serve."""
+        listed = self.transport.node_ids()
+        self.served = {n: ids for n, ids in self.served.items() if n in listed}
+        new = [n for n in listed if n not in self.served]
+        if new:
+            self.served.update(self.transport.served(new, self.num_clients, timeout))
+
+    # -- rounds ----------------------------------------------------------------------------------
+    def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
+        from fedlightning.flower_app.records import job_content, read_result
+
+        self._refresh(self.round_timeout)
+        results: RoundResults = {}
+        requests, sent = [], []
+        for job in jobs:
+            nodes = [n for n in sorted(self.served) if job.client_id in self.served[n]]
+            if not nodes:
+                results[job.client_id] = WorkerLost(
+                    f"no connected SuperNode serves client {job.client_id}"
+                )
+                continue
+            node = nodes[job.client_id % len(nodes)]
+            requests.append((node, job_content(job, self.config, self.spec)))
+            sent.append((job, node))
+        replies = (
+            self.transport.exchange("train", str(round_index), requests, self.round_timeout)
+            if requests
+            else []
+        )
+        for (job, node), reply in zip(sent, replies, strict=True):
+            cid = job.client_id
+            if isinstance(reply, str):
+                self.served.pop(node, None)  # asked again when listed again
+                results[cid] = WorkerLost(f"client {cid} on SuperNode {node}: {reply}")
+                continue
+            result = read_result(reply, list(job.payload.weights))
+            if isinstance(result, dict):
+                error = RemoteClientError(
+                    f"client {cid} on SuperNode {node} raised {result['type']}: {result['message']}"
+                )
+                error.traceback = result["traceback"]  # type: ignore[attr-defined]
+                results[cid] = error
+            else:
+                results[cid] = result
+        # the global RNG as a sequential round leaves it: seeded for the last client's fit
+        if jobs:
+            seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))
+        return {job.client_id: results[job.client_id] for job in jobs}
+
+    def stop(self) -> None:
+        if self.transport is not None and hasattr(self.transport, "close"):
+            self.transport.close()
+        self.transport, self.served = None, {}
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None

@@ -1,0 +1,104 @@
+"""The fedlightning ClientApp: what each SuperNode runs.
+
+A SuperNode serves the clients its node config names (``flower-supernode --node-config ...``):
+
+- ``client-ids="0,3,5"``: exactly these client ids; or
+- ``partition-id=P num-partitions=N``: the client ids ``c`` with ``c % N == P`` (Flower's usual
+  keys: node ``P`` of ``N`` serves every ``N``-th client);
+- neither: every client.
+
+Optional ``data-root="/path"`` replaces the data module's ``root`` (where this node's data lives).
+
+A ``query`` message asks which of ``num_clients`` client ids the node serves; a ``train`` message
+carries one :class:`~fedlightning.protocol.ClientJob` (:mod:`fedlightning.flower_app.records`).
+The node builds the client module and the data module once from the job's spec (class paths and
+init args, the server's own; the node's ``data-root`` applied) and fits the client with
+:class:`~fedlightning.fit.ClientFitter`, exactly as the sequential backend does; the reply is the
+upload, or the fit's exception and traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import traceback
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedlightning.flower_app.records import error_content, read_job, result_content
+from fedlightning.protocol import FitConfig
+
+app = ClientApp()
+
+#: per process: (spec, data-root) -> (model, data module); fit config -> fitter
+_BUILT: dict[str, Any] = {}
+
+
+def served_clients(node_config: dict[str, Any], num_clients: int) -> list[int]:
+    """The client ids in ``[0, num_clients)`` a node with ``node_config`` serves (module docstring)."""
+    if "client-ids" in node_config:
+        ids = [int(x) for x in str(node_config["client-ids"]).replace(" ", "").split(",") if x]
+        return [c for c in ids if 0 <= c < num_clients]
+    if "partition-id" in node_config and "num-partitions" in node_config:
+        part, parts = int(node_config["partition-id"]), int(node_config["num-partitions"])
+        return [c for c in range(num_clients) if c % parts == part]
+    return list(range(num_clients))
+
+
+def _instantiate(spec: dict[str, Any]) -> Any:
+    module, _, name = spec["class_path"].rpartition(".")
+    return getattr(importlib.import_module(module), name)(**spec["init_args"])
+
+
+def _objects(spec: dict[str, Any], node_config: dict[str, Any], config: FitConfig):
+    from fedlightning.fit import ClientFitter
+
+    data_spec = json.loads(json.dumps(spec["data"]))
+    if "data-root" in node_config:
+        data_spec["init_args"]["root"] = str(node_config["data-root"])
+    key = json.dumps([spec["model"], data_spec], sort_keys=True)
+    if _BUILT.get("key") != key:
+        model = _instantiate(spec["model"])
+        datamodule = _instantiate(data_spec)
+        datamodule.setup("fit")
+        _BUILT.clear()
+        _BUILT.update(key=key, model=model, dm=datamodule, placed=None)
+    if _BUILT.get("config") != config:
+        _BUILT.update(config=config, fitter=ClientFitter(config))
+    fitter = _BUILT["fitter"]
+    if _BUILT["placed"] != str(fitter.device):
+        _BUILT["dm"].place_training_data(fitter.device)
+        _BUILT["placed"] = str(fitter.device)
+    return _BUILT["model"], _BUILT["dm"], fitter
+
+
+@app.query()
+def query(message: Message, context: Context) -> Message:
+    """Reply with the client ids this node serves."""
+    num_clients = int(message.content.config_records["query"]["num_clients"])  # type: ignore[arg-type]
+    ids = served_clients(dict(context.node_config), num_clients)
+    return Message(
+        RecordDict({"served": ConfigRecord({"client_ids": ids or [-1]})}), reply_to=message
+    )
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """Fit the message's client job; reply with the upload or the exception."""
+    from fedlightning.training import cpu_compute, quiet_lightning
+
+    try:
+        job, config, spec = read_job(message.content)
+        node_config = dict(context.node_config)
+        num_clients = int(spec["data"]["init_args"].get("num_clients", job.client_id + 1))
+        if job.client_id not in served_clients(node_config, num_clients):
+            raise LookupError(f"this SuperNode does not serve client {job.client_id}")
+        with cpu_compute(config.num_threads, config.onednn), quiet_lightning():
+            model, datamodule, fitter = _objects(spec, node_config, config)
+            result = fitter.fit(model, datamodule, job)
+        content = result_content(result)
+    except Exception as error:  # noqa: BLE001  (the server's failure policy decides)
+        content = error_content(error, traceback.format_exc())
+    return Message(content, reply_to=message)

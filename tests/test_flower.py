@@ -1,0 +1,209 @@
+"""The Flower backend: the wire format, the node mapping, the exported app, and (slow) a real
+localhost federation started with Flower's own commands, byte-compared with the sequential backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import tomllib
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "flwr", reason="the Flower extra is not installed: pip install 'fedlightning[flower]'"
+)
+
+from conftest import CONF, run_cli  # noqa: E402
+from fedlightning.backends.base import WorkerLost  # noqa: E402
+from fedlightning.backends.flower import FlowerBackend  # noqa: E402
+from fedlightning.errors import ConfigurationError  # noqa: E402
+from fedlightning.flower_app.client import served_clients  # noqa: E402
+from fedlightning.flower_app.export import main as export_main  # noqa: E402
+from fedlightning.flower_app.local import LocalFederation  # noqa: E402
+from fedlightning.flower_app.records import job_content, read_job, read_result, result_content  # noqa: E402
+from fedlightning.protocol import ClientJob, FitConfig, FitResult, Payload, Upload  # noqa: E402
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_jobs_and_results_cross_the_wire_bit_exact():
+    g = torch.Generator().manual_seed(0)
+    weights = {"w": torch.randn(4, 3, generator=g), "bn.num_batches_tracked": torch.tensor(7)}
+    extras = {
+        "c": torch.randn(3, generator=g),
+        "nested": {"k": torch.ones(2)},
+        "h": torch.ones(2, dtype=torch.bfloat16),
+    }
+    job = ClientJob(
+        3, 5, Payload(weights, extras, model_index=2), {"c_i": torch.randn(3, generator=g)}
+    )
+    config = FitConfig(local_steps=3, seed=11, num_threads=1)
+    back, back_config, spec = read_job(job_content(job, config, {"model": {"x": 1}}))
+    assert back_config == config and spec == {"model": {"x": 1}}
+    assert (back.round_index, back.client_id, back.payload.model_index) == (3, 5, 2)
+    assert _same(back.payload.weights, weights) and _same(back.state, job.state)
+    assert _same(back.payload.extras, extras)
+    upload = Upload(
+        5,
+        {"w": torch.randn(4, 3, generator=g)},
+        40,
+        6,
+        {"delta_c": torch.randn(3, generator=g)},
+        2,
+        {"train_loss": 0.25},
+    )
+    result = read_result(result_content(FitResult(upload, {"c_i": torch.ones(3)})), ["w"])
+    assert isinstance(result, FitResult)
+    assert _same(result.upload.weights, upload.weights) and _same(
+        result.upload.extras, upload.extras
+    )
+    assert (result.upload.num_samples, result.upload.num_steps, result.upload.model_index) == (
+        40,
+        6,
+        2,
+    )
+    assert result.upload.metrics == {"train_loss": 0.25} and _same(
+        result.state, {"c_i": torch.ones(3)}
+    )
+
+
+def test_node_config_selects_the_clients_a_node_serves():
+    assert served_clients({"partition-id": 1, "num-partitions": 3}, 8) == [1, 4, 7]
+    assert served_clients({"client-ids": "0, 5,9"}, 8) == [0, 5]
+    assert served_clients({}, 3) == [0, 1, 2]
+
+
+def test_bad_backend_options_are_configuration_errors():
+    with pytest.raises(ConfigurationError, match="round_timeout"):
+        FlowerBackend(round_timeout=0)
+    with pytest.raises(ConfigurationError, match="host:port"):
+        FlowerBackend(address="localhost")
+
+
+def test_flower_app_export_writes_a_flower_app(tmp_path):
+    export_main(["--config", str(CONF / "scaffold_tiny.yaml"), "--out", str(tmp_path / "app")])
+    project = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    app = project["tool"]["flwr"]["app"]
+    assert app["components"] == {
+        "serverapp": "fedlightning_app.server_app:app",
+        "clientapp": "fedlightning_app.client_app:app",
+    }
+    assert app["config"]["fedlightning-config"] == (CONF / "scaffold_tiny.yaml").read_text()
+    assert project["project"]["name"] and app["publisher"]
+    assert (tmp_path / "app" / "fedlightning_app" / "server_app.py").is_file()
+
+
+# -- a real federation on 127.0.0.1 ------------------------------------------------------------
+
+
+def _flower_args(fed: LocalFederation, round_timeout: float = 240) -> list[str]:
+    return [
+        "--loop.backend", "fedlightning.backends.flower.FlowerBackend",
+        "--loop.backend.init_args.address", fed.address,
+        "--loop.backend.init_args.insecure", "true",
+        "--loop.backend.init_args.round_timeout", str(round_timeout),
+        "--loop.backend.init_args.connect_timeout", "240",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_localhost_federation_is_byte_identical_to_sequential(tmp_path):
+    """FedAvg (with a resume), SCAFFOLD and FedCross, two rounds each, two SuperNodes."""
+    with LocalFederation(num_nodes=2) as fed:
+        for config in ("tiny.yaml", "scaffold_tiny.yaml", "fedcross_tiny.yaml"):
+            name = config.removesuffix(".yaml")
+            run_cli(tmp_path / f"{name}-seq", "--loop.rounds", "2", config=config)
+            flower = tmp_path / f"{name}-flower"
+            if config == "tiny.yaml":  # one round, then resume from its checkpoint
+                run_cli(flower, "--loop.rounds", "1", *_flower_args(fed), config=config)
+                rows = run_cli(
+                    flower, "--loop.rounds", "2", "--ckpt_path", str(flower / "last.ckpt"),
+                    *_flower_args(fed), config=config,
+                )  # fmt: skip
+            else:
+                rows = run_cli(flower, "--loop.rounds", "2", *_flower_args(fed), config=config)
+            assert [int(r["round"]) for r in rows] == [1, 2]
+            assert (flower / "global.pt").read_bytes() == (
+                tmp_path / f"{name}-seq" / "global.pt"
+            ).read_bytes(), config
+        assert "train message" in fed.node_log(0) and "train message" in fed.node_log(1)
+
+
+@pytest.mark.slow
+def test_the_exported_app_runs_with_flwr_run(tmp_path):
+    """``fedlightning flower-app`` output, submitted with ``flwr run`` to a local SuperLink, trains
+    and writes global.pt equal to the sequential run's."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    config = tmp_path / "one_round.yaml"
+    config.write_text((CONF / "tiny.yaml").read_text().replace("rounds: 4", "rounds: 1"))
+    run_cli(tmp_path / "seq", config=str(config))
+    run_dir = tmp_path / "exported"
+    export_main(
+        ["--config", str(config), "--out", str(tmp_path / "app"), "--run-dir", str(run_dir)]
+    )
+    with LocalFederation(num_nodes=2) as fed:
+        home = tmp_path / "flwr-home"
+        home.mkdir()
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local"\n[superlink.local]\naddress = "{fed.address}"\ninsecure = true\n'
+        )
+        flwr = os.path.join(os.path.dirname(sys.executable), "flwr")
+        subprocess.run(
+            [flwr, "run", str(tmp_path / "app"), "local"],
+            env={**fed.env, "FLWR_HOME": str(home)}, check=True, timeout=240,
+        )  # fmt: skip
+        deadline = time.monotonic() + 400
+        while not (run_dir / "global.pt").exists() and time.monotonic() < deadline:
+            time.sleep(1)
+    assert (run_dir / "global.pt").read_bytes() == (tmp_path / "seq" / "global.pt").read_bytes()
+
+
+@pytest.mark.slow
+def test_a_node_killed_mid_round_follows_the_failure_policy(tmp_path, caplog, monkeypatch):
+    """Node 1 (odd client ids) dies while it fits; its clients fail as lost workers, the run
+    aggregates the others and finishes."""
+    import threading
+
+    with LocalFederation(num_nodes=2) as fed:
+
+        def kill_when_training() -> None:
+            for _ in range(1200):
+                if "train message" in fed.node_log(1):
+                    fed.kill_node(1)
+                    return
+                threading.Event().wait(0.1)
+
+        killer = threading.Thread(target=kill_when_training, daemon=True)
+        killer.start()
+        seen: list[dict] = []
+        original = FlowerBackend.run
+
+        def spy(self, round_index, jobs):
+            results = original(self, round_index, jobs)
+            seen.append(results)
+            return results
+
+        monkeypatch.setattr(FlowerBackend, "run", spy)
+        with caplog.at_level(logging.ERROR, logger="fedlightning"):
+            rows = run_cli(
+                tmp_path / "run", "--loop.rounds", "2", "--loop.min_clients", "1",
+                *_flower_args(fed, round_timeout=120),
+            )  # fmt: skip
+        killer.join(timeout=5)
+    assert [int(r["round"]) for r in rows] == [1, 2]
+    lost = {cid for results in seen for cid, r in results.items() if isinstance(r, WorkerLost)}
+    ok = {cid for results in seen for cid, r in results.items() if isinstance(r, FitResult)}
+    assert lost and all(cid % 2 == 1 for cid in lost)  # only node 1's clients were lost
+    assert ok and all(cid % 2 == 0 for cid in ok)
+    assert "failed and are left out" in caplog.text
