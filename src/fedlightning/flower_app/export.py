@@ -117,7 +117,9 @@ def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="fedlightning flower-app", description="Write a Flower App from a fedlightning config"
     )
-    parser.add_argument("-c", "--config", required=True, type=Path, help="a fedlightning config (YAML)")
+    parser.add_argument(
+        "-c", "--config", required=True, type=Path, help="a fedlightning config (YAML)"
+    )
     parser.add_argument("--out", required=True, type=Path, help="directory to write the app to")
     parser.add_argument(
         "--run-dir", default="runs/flower", help="the run directory on the SuperLink's machine"
