@@ -62,9 +62,6 @@ class AutoBackend(Backend):
     def check(self, model: ClientModule, config: FitConfig) -> None:
         self.chosen, self.reason = choose_backend(model, config)
         self.chosen.check(model, config)
-        message = f"backend: auto chose {type(self.chosen).__name__} ({self.reason})"
-        log.info(message)
-        print(message, file=sys.stderr)  # the run's console line, beside the loop's done line
 
     def start(
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
@@ -72,6 +69,10 @@ class AutoBackend(Backend):
         if self.chosen is None:
             self.check(model, config)
         assert self.chosen is not None
+        # said once the run starts (every start-up check passed): a refused run prints its error only
+        message = f"backend: auto chose {type(self.chosen).__name__} ({self.reason})"
+        log.info(message)
+        print(message, file=sys.stderr)  # the run's console line, beside the loop's done line
         self.chosen.start(model, datamodule, config)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
