@@ -17,6 +17,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,8 +60,11 @@ def _quiet_default_token_auth():
         logger.removeFilter(note)
 
 
-#: how often Ray restarts an actor whose process died
-_MAX_RESTARTS = 3
+#: how often Ray restarts an actor whose process died (-1: always; every job's retries are bounded)
+_MAX_RESTARTS = -1
+#: how often a job sent to a restarting actor is sent again, and the wait before each try
+_UNAVAILABLE_RETRIES = 3
+_RETRY_WAIT_S = 1.0
 
 
 class ClientWorker:
@@ -136,12 +140,15 @@ class RayBackend(Backend):
         self.num_cpus = num_cpus_per_client
         self.workers: list[Any] = []
         self.shared: list[Any] = []
+        self._owns_ray = False
 
     def start(
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
     ) -> None:
         ray = _ray()
-        if not ray.is_initialized():
+        # a Ray instance this backend starts is shut down by stop(); one the user started stays
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
             with _quiet_default_token_auth():
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         resources = ray.cluster_resources()
@@ -174,8 +181,9 @@ class RayBackend(Backend):
         for name, amount in wanted.items():
             have = float(resources.get(name, 0.0))
             if amount > 0 and have < amount:
-                if self.address is None:
+                if self._owns_ray:
                     ray.shutdown()
+                    self._owns_ray = False
                 option = "num_gpus_per_client" if name == "GPU" else "num_cpus_per_client"
                 raise ConfigurationError(
                     f"loop.backend.init_args.{option}={amount:g} can never be scheduled: the Ray "
@@ -184,23 +192,35 @@ class RayBackend(Backend):
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         ray = _ray()
+        # round-robin: actors run their queue in order
+        workers = {job.client_id: self.workers[i % len(self.workers)] for i, job in enumerate(jobs)}
         pending = {
-            job.client_id: self.workers[i % len(self.workers)].fit.remote(job, self.shared)
-            for i, job in enumerate(jobs)  # round-robin: actors run their queue in order
+            job.client_id: (job, workers[job.client_id].fit.remote(job, self.shared))
+            for job in jobs
         }
         results: RoundResults = {}
-        for cid, ref in pending.items():
-            try:
-                results[cid] = ray.get(ref)
-            except ray.exceptions.RayTaskError as error:
-                cause = error.as_instanceof_cause()
-                if isinstance(cause, ConfigurationError):
-                    raise cause from None
-                cause.traceback = str(error)  # the worker's traceback, as Ray formats it
-                results[cid] = cause
-            except ray.exceptions.RayActorError as error:  # ActorUnavailableError included
-                # the actor died or is restarting: that client failed, through no fault of its own
-                results[cid] = WorkerLost(f"client {cid}'s Ray actor was lost: {error}")
+        for cid, (job, ref) in pending.items():
+            for attempt in range(_UNAVAILABLE_RETRIES + 1):
+                try:
+                    results[cid] = ray.get(ref)
+                except ray.exceptions.RayTaskError as error:
+                    cause = error.as_instanceof_cause()
+                    if isinstance(cause, ConfigurationError):
+                        raise cause from None
+                    cause.traceback = str(error)  # the worker's traceback, as Ray formats it
+                    results[cid] = cause
+                except ray.exceptions.ActorUnavailableError as error:
+                    # the actor is restarting (another client's fit killed it): a fit is a pure
+                    # function of its job, so it is submitted again once the actor is back
+                    results[cid] = WorkerLost(f"client {cid}'s Ray actor was unavailable: {error}")
+                    if attempt < _UNAVAILABLE_RETRIES:
+                        time.sleep(_RETRY_WAIT_S)
+                        ref = workers[cid].fit.remote(job, self.shared)
+                        continue
+                except ray.exceptions.RayActorError as error:
+                    # the actor died during this fit: that client failed, through no fault of its own
+                    results[cid] = WorkerLost(f"client {cid}'s Ray actor was lost: {error}")
+                break
             if self.on_client_done is not None:
                 self.on_client_done(cid)
         return results
@@ -211,3 +231,6 @@ class RayBackend(Backend):
             for worker in self.workers:
                 ray.kill(worker)
         self.workers, self.shared = [], []
+        if self._owns_ray:  # no Ray runtime left running after the run
+            _ray().shutdown()
+            self._owns_ray = False
