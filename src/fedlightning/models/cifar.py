@@ -126,6 +126,16 @@ def vgg16(
     """
     if width < 1:
         raise ConfigurationError(f"vgg16 width must be >= 1, got {width}")
+    layers, features = vgg16_features(in_channels, image_size, width, batch_norm)
+    return FeatureClassifier(nn.Sequential(*layers, nn.Flatten()), features, num_classes)
+
+
+def vgg16_features(
+    in_channels: int, image_size: int, width: int, batch_norm: bool
+) -> tuple[list[nn.Module], int]:
+    """VGG-16's convolutional stack (configuration D: ``width`` x 1, 2, 4, 8, 8 channels, each 3x3
+    conv followed by BatchNorm if ``batch_norm`` and ReLU, 2x2 max pooling after each block; a
+    pooling that would shrink the map below 1x1 is skipped) and its flattened output size."""
     layers: list[nn.Module] = []
     channels, side = in_channels, image_size
     for item in VGG16:
@@ -140,5 +150,4 @@ def vgg16(
             layers.append(nn.BatchNorm2d(out))
         layers.append(nn.ReLU())
         channels = out
-    layers.append(nn.Flatten())
-    return FeatureClassifier(nn.Sequential(*layers), channels * side * side, num_classes)
+    return layers, channels * side * side

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from fedlightning.errors import ConfigurationError
-from fedlightning.models.cifar import VGG16
+from fedlightning.models.cifar import vgg16_features
 from fedlightning.models.registry import register_model
 from fedlightning.models.small import FeatureClassifier
 
@@ -38,20 +38,10 @@ def vgg16_torchvision(
             f"vgg16_torchvision needs width >= 1, hidden >= 1 and dropout in [0, 1), got "
             f"{width}, {hidden}, {dropout}"
         )
-    layers: list[nn.Module] = []
-    channels, side = in_channels, image_size
-    for item in VGG16:
-        if item == "M":
-            if side >= 2:
-                layers.append(nn.MaxPool2d(2))
-                side //= 2
-            continue
-        out = max(1, item * width // 64)
-        layers += [nn.Conv2d(channels, out, 3, padding=1), nn.ReLU()]
-        channels = out
+    layers, features = vgg16_features(in_channels, image_size, width, batch_norm=False)
     layers += [
         nn.Flatten(),
-        nn.Linear(channels * side * side, hidden), nn.ReLU(), nn.Dropout(dropout),
+        nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(dropout),
         nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
     ]  # fmt: skip
     return FeatureClassifier(nn.Sequential(*layers), hidden, num_classes)
