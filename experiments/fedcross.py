@@ -44,6 +44,7 @@ import torch
 from lightning.fabric.utilities.seed import seed_everything
 from rich.console import Console
 from rich.table import Table
+from tables import mean_std
 
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.server import FedAvg, FedCross
@@ -113,12 +114,6 @@ def mean_rounds(values: list[int | None]) -> str:
         return "-"
     text = f"{statistics.fmean(reached):.0f}"
     return text if len(reached) == len(values) else f"{text} ({len(reached)}/{len(values)} reach)"
-
-
-def mean_std(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{100 * values[0]:.2f}"
-    return f"{100 * statistics.fmean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
 
 
 def main() -> None:

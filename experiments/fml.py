@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import csv
 import logging
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
+from tables import mean_std
 
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, ClientModule
@@ -65,12 +65,6 @@ def run(method: str, seed: int, args: argparse.Namespace) -> dict[str, float]:
         loop.console.quiet = True
         metrics = loop.fit(model, datamodule=dm)
     return metrics
-
-
-def cell(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{100 * values[0]:.2f}"
-    return f"{100 * statistics.fmean(values):.2f} ± {100 * statistics.stdev(values):.2f}"
 
 
 def main() -> None:
@@ -127,7 +121,7 @@ def main() -> None:
         f"{args.seeds} seeds: accuracy % (mean ± std)"
     )
     lines = [f"**{title}**", "", "| model | accuracy |", "|---|---|"] + [
-        f"| {n} | {cell(v)} |" for n, v in rows
+        f"| {n} | {mean_std(v)} |" for n, v in rows
     ]
     text = "\n".join(lines) + "\n"
     (args.out / "table.md").write_text(text)
