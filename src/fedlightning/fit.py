@@ -117,6 +117,14 @@ def split_optimizers(
     return optimizers[0], configs
 
 
+def fabric_for(accelerator: str, precision: str) -> Fabric:
+    """A one-device Fabric for ``precision``: ``32`` is Lightning's alias of ``32-true``, and a
+    precision the Fabric fit does not run (``64-true``: Trainer fits) gets ``32-true``, whose
+    Fabric serves only its device and a no-op autocast."""
+    precision = "32-true" if precision == "32" or precision not in FABRIC_PRECISIONS else precision
+    return Fabric(accelerator=accelerator, devices=1, precision=precision)
+
+
 class ClientFitter:
     """Fits clients of one run on one device: Fabric's precision, optimizers and clipping, or a
     lean Trainer for objectives that need one (:func:`trainer_reason`)."""
@@ -134,12 +142,7 @@ class ClientFitter:
         self.device = self.fabric.device
 
     def _fabric(self) -> Fabric:
-        precision = self.config.precision
-        if precision == "32":
-            precision = "32-true"
-        if precision not in FABRIC_PRECISIONS:  # only its device is used
-            precision = "32-true"
-        return Fabric(accelerator=self.config.accelerator, devices=1, precision=precision)
+        return fabric_for(self.config.accelerator, self.config.precision)
 
     def fit(self, model: ClientModule, dm: FederatedDataModule, job: ClientJob) -> FitResult:
         """Client ``job.client_id``'s local fit from ``job.payload``: its upload and new state.

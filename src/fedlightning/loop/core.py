@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning.fabric import Fabric
 from lightning.pytorch.loggers import Logger
 
 from fedlightning.backends.auto import AutoBackend
@@ -23,6 +22,7 @@ from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError, RunStopped, require
+from fedlightning.fit import fabric_for
 from fedlightning.loop.checkpoint import (
     atomic_save,
     make_checkpoint,
@@ -347,11 +347,7 @@ class FederatedLoop:
         dm.save_partition(self.run_dir / "partition.csv")
         self.reporter.plot_partition(dm)
         self.reporter.open(self.history, wandb_id, dm)
-        fabric = Fabric(
-            accelerator=self.fit_config.accelerator,
-            devices=1,
-            precision=_fabric_precision(self.precision),
-        )
+        fabric = fabric_for(self.fit_config.accelerator, self.precision)  # evaluation's context
         evaluator = Evaluator(fabric.device, fabric.autocast)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         started = time.perf_counter()
@@ -473,12 +469,6 @@ class FederatedLoop:
                 "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
                 rounds_done, self.rounds,
             )  # fmt: skip
-
-
-def _fabric_precision(precision: str) -> str:
-    """The precision of the evaluation context (``64-true`` fits get a Trainer; evaluation of a
-    float64 model needs no autocast)."""
-    return {"32": "32-true", "64-true": "32-true"}.get(precision, precision)
 
 
 def _mean(values: list[float]) -> float:
