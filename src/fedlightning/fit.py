@@ -153,7 +153,7 @@ class ClientFitter:
         """
         fit_seed = derive_seed(self.config.seed, "fit", job.round_index, job.client_id)
         seed_fit(fit_seed)
-        if _device_of(model) != self.device:  # moving walks every submodule: only when needed
+        if model.device != self.device:  # moving walks every submodule: only when needed
             model.to(self.device)
         model.begin_client(job.client_id, job.payload, job.state)
         batches = dm.client_train_dataloader(job.client_id, fit_seed)
@@ -238,11 +238,6 @@ class ClientFitter:
             fabric.clip_gradients(model, optimizer, clip_val=value)
         else:
             fabric.clip_gradients(model, optimizer, max_norm=value, error_if_nonfinite=False)
-
-
-def _device_of(model: torch.nn.Module) -> torch.device | None:
-    parameter = next(model.parameters(), None)
-    return None if parameter is None else parameter.device
 
 
 def _step_schedulers(
