@@ -14,6 +14,7 @@ from fedlightning.protocol import StateDict
 from fedlightning.server.base import ClientKeys
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.functional import clone_state, parameter_keys
+from fedlightning.server.summation import wide
 
 
 class FedAdam(FedAvg):
@@ -71,10 +72,10 @@ class FedAdam(FedAvg):
     def server_step(self, round_index: int, averaged: StateDict) -> StateDict:
         out, m, v = dict(averaged), dict(self.m), dict(self.v)
         for key in parameter_keys(averaged):
-            w = self.weights[key].double()
-            delta = averaged[key].double() - w
-            m_new = self.beta1 * m[key].double() + (1 - self.beta1) * delta
-            v_new = self.beta2 * v[key].double() + (1 - self.beta2) * delta.square()
+            w = wide(self.weights[key])
+            delta = wide(averaged[key]) - w
+            m_new = self.beta1 * wide(m[key]) + (1 - self.beta1) * delta
+            v_new = self.beta2 * wide(v[key]) + (1 - self.beta2) * delta.square()
             step = self.server_lr * m_new / (v_new.sqrt() + self.tau)
             out[key] = (w + step).to(averaged[key].dtype)
             m[key], v[key] = m_new.to(m[key].dtype), v_new.to(v[key].dtype)

@@ -15,6 +15,7 @@ from fedlightning.protocol import StateDict
 from fedlightning.server.base import ClientKeys
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.functional import clone_state, parameter_keys
+from fedlightning.server.summation import wide
 
 
 class FedAvgM(FedAvg):
@@ -69,8 +70,8 @@ class FedAvgM(FedAvg):
         out, momentum = dict(averaged), dict(self.momentum)
         lr, beta = self.server_lr, self.server_momentum
         for key in parameter_keys(averaged):
-            mean, v = averaged[key].double(), self.momentum[key].double()
-            d = self.weights[key].double() - mean
+            mean, v = wide(averaged[key]), wide(self.momentum[key])
+            d = wide(self.weights[key]) - mean
             out[key] = (mean + (1 - lr) * d - lr * beta * v).to(averaged[key].dtype)
             momentum[key] = (beta * v + d).to(self.momentum[key].dtype)
         self.momentum = momentum

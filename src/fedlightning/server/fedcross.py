@@ -280,7 +280,7 @@ class FedCross(Aggregator):
             partners = [list(pair) for pair in propeller_collaborators(len(trained), round_index)]
         else:
             sim = (
-                torch.zeros(len(trained), len(trained))
+                torch.zeros(len(trained), len(trained))  # in_order reads only K
                 if self.selection == "in_order"
                 else similarity_matrix(trained, self.similarity)
             )

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from fedlightning.protocol import StateDict
 from fedlightning.server.functional import parameter_keys, weighted_average
+from fedlightning.server.summation import wide_dtype
 
 Selection = Literal["lowest_similarity", "highest_similarity", "in_order"]
 SimilarityMeasure = Literal["cosine", "layerwise"]
@@ -31,12 +32,20 @@ def layer_groups(keys: Sequence[str]) -> list[list[str]]:
 
 
 def _gram(states: Sequence[StateDict], keys: Sequence[str]) -> Tensor:
-    """``G[i, j] = <flat_i, flat_j>`` over ``keys`` in float64, one key at a time (memory K x |key|)."""
-    gram = torch.zeros(len(states), len(states), dtype=torch.float64)
+    """``G[i, j] = <flat_i, flat_j>`` over ``keys`` in float64 (float32 on a device without it),
+    one key at a time (memory K x |key|), on the first state's device."""
+    gram = _zeros(states, keys)
+    device, dtype = gram.device, gram.dtype
     for key in keys:
-        rows = torch.stack([s[key].detach().reshape(-1).to("cpu", torch.float64) for s in states])
+        rows = torch.stack([s[key].detach().reshape(-1).to(device, dtype) for s in states])
         gram += rows @ rows.T
     return gram
+
+
+def _zeros(states: Sequence[StateDict], keys: Sequence[str]) -> Tensor:
+    """A K x K zero matrix in the wide dtype of the states' device."""
+    device = states[0][keys[0]].device if keys else torch.device("cpu")
+    return torch.zeros(len(states), len(states), dtype=wide_dtype(device), device=device)
 
 
 def _cosine_from_gram(gram: Tensor) -> Tensor:
@@ -53,7 +62,8 @@ def similarity_matrix(
     measure: SimilarityMeasure = "cosine",
     keys: Sequence[str] | None = None,
 ) -> Tensor:
-    """The K x K (float64, symmetric) similarity of the models ``states``.
+    """The K x K (float64, symmetric) similarity of the models ``states``, on their device (float32
+    on a device without float64).
 
     ``cosine``: ``<X, Y> / (||X|| ||Y||)`` of the models flattened over ``keys`` (the paper's
     equation (5) with the product of norms). ``layerwise`` (the authors' code): the sum over layers of
@@ -67,7 +77,7 @@ def similarity_matrix(
     keys = parameter_keys(states[0]) if keys is None else list(keys)
     if measure == "cosine":
         return _cosine_from_gram(_gram(states, keys))
-    total = torch.zeros(len(states), len(states), dtype=torch.float64)
+    total = _zeros(states, keys)
     for group in layer_groups(keys):
         total += _cosine_from_gram(_gram(states, group))
     return total
@@ -104,11 +114,13 @@ def select_collaborators(
     if strategy not in SELECTIONS:
         raise ValueError(f"strategy must be one of {SELECTIONS}, got {strategy!r}")
     # i is left out by position, not by an infinite diagonal, so co(i) != i even when a row holds
-    # +-inf; the index into row i without its diagonal maps back as j = t + (t >= i)
-    values = similarity.detach().to("cpu", torch.float64)
-    others = values[~torch.eye(k, dtype=torch.bool)].reshape(k, k - 1)
+    # +-inf; the index into row i without its diagonal maps back as j = t + (t >= i). Computed on
+    # the similarity's device; only the K indices are read back.
+    values = similarity.detach()
+    eye = torch.eye(k, dtype=torch.bool, device=values.device)
+    others = values[~eye].reshape(k, k - 1)
     t = others.argmax(dim=1) if strategy == "highest_similarity" else others.argmin(dim=1)
-    return (t + (t >= torch.arange(k)).long()).tolist()
+    return (t + (t >= torch.arange(k, device=t.device)).long()).tolist()
 
 
 def propeller_collaborators(num_models: int, round: int) -> list[tuple[int, int]]:

@@ -1,8 +1,11 @@
 """Server maths as pure functions over state_dicts (``dict[str, Tensor]``); no Lightning, no state.
 
-Floating-point entries are combined in float64 and cast back to their dtype, so the result does not
-depend on the order of accumulation more than one rounding. Integer entries (BatchNorm's
-``num_batches_tracked``) are never averaged into floats.
+Device-agnostic: every function computes on the device of the tensors it is given and returns
+tensors there (the loop keeps the server state on its training device, docs/algorithms.md section
+2.1). Floating-point entries are combined in float64 (or, on a device without float64 such as
+MPS, by the compensated float32 sum of :mod:`fedlightning.server.summation`) and cast back to
+their dtype, so the result does not depend on the order of accumulation more than one rounding.
+Integer entries (BatchNorm's ``num_batches_tracked``) are never averaged into floats.
 
 Owner-aware maths (docs/algorithms.md section 2.3): clients may upload sub-state_dicts (the keys of
 their own architecture). :func:`owner_combine` applies a combination rule separately to each set of
@@ -17,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fedlightning.protocol import StateDict
+from fedlightning.server.summation import WeightedSum, wide, wide_dtype
 
 #: float buffers that are statistics of the data, not learned weights (torch's normalisation layers)
 RUNNING_STATISTICS = ("running_mean", "running_var")
@@ -38,7 +42,8 @@ def parameter_keys(state: StateDict) -> list[str]:
 
 
 def clone_state(state: StateDict) -> StateDict:
-    """A detached, contiguous CPU copy of ``state`` (own storage per tensor).
+    """A detached, contiguous copy of ``state`` on each tensor's own device (own storage per
+    tensor).
 
     >>> state = {"w": torch.tensor([1.0, 2.0])}
     >>> copy = clone_state(state)
@@ -47,13 +52,15 @@ def clone_state(state: StateDict) -> StateDict:
     >>> state["w"]
     tensor([1., 2.])
     """
-    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    return {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in state.items()}
 
 
 def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> StateDict:
-    """``sum_i (w_i / sum_j w_j) * state_i`` for floating entries.
+    """``sum_i (w_i / sum_j w_j) * state_i`` for floating entries, on the first state's device.
 
-    Integer entries are taken from the first state (docs/algorithms.md section 2.1: taken from one client,
+    Accumulated in float64 and rounded once to the entry's dtype; on a device without float64
+    (MPS) by the compensated float32 sum of :class:`~fedlightning.server.summation.WeightedSum`,
+    as exact up to that one rounding. Integer entries are taken from the first state (docs/algorithms.md section 2.1: taken from one client,
     never averaged as floats). All states must have the same keys and shapes.
 
     >>> a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
@@ -78,12 +85,12 @@ def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> S
     for key in keys:
         first = states[0][key]
         if not first.is_floating_point():
-            out[key] = first.detach().to("cpu", copy=True)
+            out[key] = first.detach().clone()
             continue
-        acc = torch.zeros(first.shape, dtype=torch.float64)
+        acc = WeightedSum(first.shape, first.device)
         for coefficient, state in zip(coefficients, states, strict=True):
-            acc.add_(state[key].detach().to("cpu", torch.float64), alpha=coefficient)
-        out[key] = acc.to(first.dtype)
+            acc.add(state[key], coefficient)
+        out[key] = acc.result(first.dtype)
     return out
 
 
@@ -116,7 +123,8 @@ def subtract(a: StateDict, b: StateDict) -> StateDict:
 
 
 def _stack(states: Sequence[StateDict], key: str) -> torch.Tensor:
-    return torch.stack([s[key].detach().to("cpu", torch.float64) for s in states])
+    device = states[0][key].device
+    return torch.stack([s[key].detach().to(device, wide_dtype(device)) for s in states])
 
 
 def coordinate_median(states: Sequence[StateDict]) -> StateDict:
@@ -138,7 +146,7 @@ def coordinate_median(states: Sequence[StateDict]) -> StateDict:
     k = len(states)
     for key, first in states[0].items():
         if not first.is_floating_point():
-            out[key] = first.detach().to("cpu", copy=True)
+            out[key] = first.detach().clone()
             continue
         ordered = _stack(states, key).sort(dim=0).values
         middle = (ordered[(k - 1) // 2] + ordered[k // 2]) / 2
@@ -165,7 +173,7 @@ def trimmed_mean(states: Sequence[StateDict], beta: float) -> StateDict:
     out: StateDict = {}
     for key, first in states[0].items():
         if not first.is_floating_point():
-            out[key] = first.detach().to("cpu", copy=True)
+            out[key] = first.detach().clone()
             continue
         ordered = _stack(states, key).sort(dim=0).values
         out[key] = ordered[cut : k - cut].mean(dim=0).to(first.dtype)
@@ -180,7 +188,7 @@ def update_norm(state: StateDict, reference: StateDict) -> float:
     5.0
     """
     total = sum(
-        float((state[k].double() - reference[k].double()).pow(2).sum())
+        float((wide(state[k]) - wide(reference[k])).pow(2).sum())
         for k in float_keys(reference)
         if k in state
     )
@@ -199,7 +207,7 @@ def clip_update(state: StateDict, reference: StateDict, max_norm: float) -> Stat
         return state
     scale = max_norm / norm
     return {
-        k: (reference[k].double() + (v.double() - reference[k].double()) * scale).to(v.dtype)
+        k: (wide(reference[k]) + (wide(v) - wide(reference[k])) * scale).to(v.dtype)
         if v.is_floating_point()
         else v
         for k, v in state.items()

@@ -28,7 +28,8 @@ from fedlightning.server.inco_pairs import (
     resnet_pairs,
     vit_pairs,
 )
-from fedlightning.server.inco_stats import pair_statistics
+from fedlightning.server.inco_stats import pair_products, summarize
+from fedlightning.server.summation import wide
 
 __all__ = [
     "CLIP", "C_MAX", "PAIR_RULES", "VARIANTS", "InCo", "cross_layer_update", "inco_apply",
@@ -80,7 +81,8 @@ def cross_layer_update(
     ``b (1/||g_k|| - 1/||g_0||) (||g_k|| + ||g_0||) / 2``, below 0 when ``b < 0`` and
     ``||g_0|| > ||g_k||``.
 
-    Computed in float64, returned in ``g_k``'s dtype.
+    Computed in float64 (float32 on a device without float64) on ``g_k``'s device, returned in
+    ``g_k``'s dtype.
 
     >>> g = cross_layer_update(torch.tensor([1.0, -1.0]), torch.tensor([0.0, 1.0]), "exact")
     >>> g.tolist()
@@ -93,7 +95,7 @@ def cross_layer_update(
         raise ValueError(
             f"g_k {tuple(g_k.shape)} and g_0 {tuple(g_0.shape)} must have the same shape"
         )
-    gk, g0 = g_k.detach().double(), g_0.detach().double()
+    gk, g0 = wide(g_k.detach()), wide(g_0.detach())
     dims = (2, 3) if variant == "official" and gk.ndim == 4 else tuple(range(gk.ndim))
 
     def dot(x: Tensor, y: Tensor) -> Tensor:
@@ -136,10 +138,10 @@ def inco_apply(
     for deep, layer0 in pairs:
         if deep not in updated or layer0 not in updated:
             continue
-        g_k = new[deep].double() - old[deep].double()
-        g_0 = new[layer0].double() - old[layer0].double()
+        g_k = wide(new[deep]) - wide(old[deep])
+        g_0 = wide(new[layer0]) - wide(old[layer0])
         g = cross_layer_update(g_k, g_0, variant, normalize, optimize)
-        out[deep] = (old[deep].double() + g).to(old[deep].dtype)
+        out[deep] = (wide(old[deep]) + g).to(old[deep].dtype)
     return out
 
 
@@ -179,7 +181,7 @@ class InCo(Aggregator):
             ``loop.local_epochs``); 1: off.
 
     :meth:`round_metrics` reports the pairs' ``theta``/``beta`` statistics of the round
-    (:func:`fedlightning.server.inco_stats.pair_statistics`).
+    (:func:`fedlightning.server.inco_stats.pair_statistics`), read from the device only then.
     """
 
     def __init__(
@@ -212,7 +214,7 @@ class InCo(Aggregator):
         require(update_divisor > 0, "aggregator.update_divisor", update_divisor, "a number > 0")
         self.layer0 = layer0
         self.update_divisor = update_divisor
-        self._stats: dict[str, float] = {}
+        self._products: Tensor | None = None  # the last round's pair products, on the device
         self.inner: FedAvg = inner  # type: ignore[assignment]
         self.variant = variant
         self.normalize = normalize
@@ -258,17 +260,17 @@ class InCo(Aggregator):
         updated = {k for u in uploads for k in u.weights}
         if self.update_divisor != 1:
             inner.weights = {
-                k: (o.double() + (inner.weights[k].double() - o.double()) / self.update_divisor).to(o.dtype)
+                k: (wide(o) + (wide(inner.weights[k]) - wide(o)) / self.update_divisor).to(o.dtype)
                 if o.is_floating_point() else inner.weights[k]
                 for k, o in old.items()
             }  # fmt: skip
-        self._stats = pair_statistics(old, inner.weights, self.pairs, updated)
+        self._products = pair_products(old, inner.weights, self.pairs, updated)
         inner.weights = inco_apply(
             old, inner.weights, self.pairs, updated, self.variant, self.normalize, self.optimize
         )
 
     def round_metrics(self) -> dict[str, float]:
-        return dict(self._stats)
+        return summarize(self._products)
 
     def global_state(self) -> StateDict:
         return self.inner.global_state()

@@ -13,6 +13,7 @@ from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.server.base import ClientKeys, restrict
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.functional import clone_state, owner_counts
+from fedlightning.server.summation import WeightedSum, wide
 
 
 def scaffold_server_control(
@@ -24,15 +25,18 @@ def scaffold_server_control(
     ``N_p`` (``num_clients``: one number for every key, or one per key) counts all the clients
     that own p, not the number sampled: ``c_p`` stays the mean of its owners' ``c_{i,p}`` when every
     ``c_i`` starts at zero.
+
+    Computed on ``c``'s device: the deltas summed in float64 (compensated float32 on a device
+    without float64, :mod:`fedlightning.server.summation`), ``c`` updated in float64 (float32 there).
     """
     out: StateDict = {}
     for key, value in c.items():
-        total = torch.zeros(value.shape, dtype=torch.float64)
+        total = WeightedSum(value.shape, value.device)
         for delta in delta_cs:
             if key in delta:
-                total += delta[key].detach().to("cpu", torch.float64)
+                total.add(delta[key])
         n = num_clients if isinstance(num_clients, int) else max(num_clients.get(key, 1), 1)
-        out[key] = (value.double() + total / n).to(value.dtype)
+        out[key] = (wide(value) + total.result(wide(value).dtype) / n).to(value.dtype)
     return out
 
 
