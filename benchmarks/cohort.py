@@ -176,7 +176,8 @@ def flower(args, workload):
 
 
 def gap(a: dict, b: dict) -> float:
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in b if k in a)
+    # the loop's server state lives on the run's device, the hand-written loops return CPU copies
+    return max(float((a[k].float().cpu() - b[k].float().cpu()).abs().max()) for k in b if k in a)
 
 
 def paths_table(args, workload, rate, console):

@@ -2,7 +2,8 @@
 
 Each actor is started once per run and keeps its own copy of the client module and of the data
 module (client tensors included), so a fit ships only the payload and the client's state in and
-the upload and new state out. The driver keeps sampling, the ClientStore, aggregation, evaluation
+the upload and new state out, as CPU tensors whatever the devices of the driver's server state and
+of the actor. The driver keeps sampling, the ClientStore, aggregation, evaluation
 and checkpoints. An actor fits a client exactly as the sequential backend does (the same
 :class:`~fedlightning.fit.ClientFitter`, seeded from ``(seed, round, client)``), so results do not
 depend on which actor runs which client; on CPU they are bitwise equal to the sequential backend's when
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedlightning.backends.base import Backend, RoundResults, WorkerLost
 from fedlightning.errors import ConfigurationError, require
+from fedlightning.placement import to_cpu
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
 if TYPE_CHECKING:
@@ -95,7 +97,7 @@ class ClientWorker:
             self.model, self.dm = ray.get(shared)
             self.dm.setup()
             self.dm.place_training_data(self.fitter.device)
-        return self.fitter.fit(self.model, self.dm, job)
+        return to_cpu(self.fitter.fit(self.model, self.dm, job))  # the wire carries CPU tensors
 
 
 class RayBackend(Backend):
@@ -192,6 +194,9 @@ class RayBackend(Backend):
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         ray = _ray()
+        # the wire carries CPU tensors (the server state may be on the GPU; the loop moves the
+        # uploads back onto its device on arrival)
+        jobs = to_cpu(list(jobs))  # one call: a payload shared by jobs is copied once
         # round-robin: actors run their queue in order
         workers = {job.client_id: self.workers[i % len(self.workers)] for i, job in enumerate(jobs)}
         pending = {

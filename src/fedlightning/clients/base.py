@@ -169,9 +169,11 @@ class ClientModule(pl.LightningModule):
         self._loss_batches = 0
 
     def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
-        """``(trained weights on CPU, upload extras, new persistent state)`` after a fit that took
-        ``num_steps`` optimizer steps (K_i)."""
-        weights = {k: v.detach().to("cpu", copy=True) for k, v in self.network.state_dict().items()}
+        """``(trained weights, upload extras, new persistent state)`` after a fit that took
+        ``num_steps`` optimizer steps (K_i). The weights are copies on the fitting device: an
+        upload stays on the GPU for the server, which lives there too
+        (:mod:`fedlightning.loop.server_device`); the ClientStore copies state to the CPU."""
+        weights = {k: v.detach().clone() for k, v in self.network.state_dict().items()}
         return weights, {}, self.state
 
     def client_metrics(self) -> dict[str, float]:

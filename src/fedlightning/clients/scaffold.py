@@ -10,6 +10,7 @@ from torch import Tensor
 
 from fedlightning.clients.base import ClientModule
 from fedlightning.errors import ConfigurationError
+from fedlightning.placement import move
 from fedlightning.protocol import Payload, StateDict
 
 #: Lightning precisions whose optimizer steps are never skipped by a gradient scaler (``16-mixed``
@@ -84,10 +85,11 @@ class ScaffoldClient(ClientModule):
 
     def begin_client(self, client_id: int, payload: Payload, state: dict[str, Any]) -> None:
         super().begin_client(client_id, payload, state)
-        c, c_i = payload.extras["c"], state.get("c_i", {})
+        c = payload.extras["c"]
+        c_i = move(state.get("c_i", {}), self.device)  # the ClientStore keeps it on the CPU
         # c - c_i is fixed for the round: computed once (float64, then the parameter's dtype)
         self._correction = {
-            n: (c[n].double() - c_i[n].double() if n in c_i else c[n].double()).to(p)
+            n: (c[n].to(p.device).double() - c_i[n].double() if n in c_i else c[n].double()).to(p)
             for n, p in self.trainable()
         }
 
@@ -98,10 +100,9 @@ class ScaffoldClient(ClientModule):
     def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
         weights, extras, state = super().end_client(num_steps)
         names = [n for n, _ in self.trainable()]
-        c = self.payload.extras["c"]
-        c_i = state.get("c_i") or {n: torch.zeros_like(c[n]) for n in names}
-        c_plus, delta_c = scaffold_control_update(
-            c_i, c, self.payload.weights, weights, num_steps, self.lr
-        )
+        # on the trained weights' device: the payload may come from elsewhere (the wire's CPU)
+        c, x = move((self.payload.extras["c"], self.payload.weights), self.device)
+        c_i = move(state.get("c_i"), self.device) or {n: torch.zeros_like(c[n]) for n in names}
+        c_plus, delta_c = scaffold_control_update(c_i, c, x, weights, num_steps, self.lr)
         self._correction = {}
         return weights, {**extras, "delta_c": delta_c}, {**state, "c_i": c_plus}

@@ -37,6 +37,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
+from fedlightning.placement import to_cpu
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Payload, Upload
 
 
@@ -71,7 +72,7 @@ def put_mapping(content: RecordDict, name: str, mapping: Mapping[str, Any]) -> N
         if array is not None:
             arrays[key] = array
         else:
-            objects[key] = _dumps(value)
+            objects[key] = _dumps(to_cpu(value))  # the server state may be on the GPU
     content[f"{name}.arrays"] = arrays
     content[f"{name}.objects"] = objects
 

@@ -21,6 +21,7 @@ import torch
 
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.rundir import storage_error
+from fedlightning.placement import to_cpu
 
 CHECKPOINT_FORMAT = "fedlightning-checkpoint-2"
 #: keys every checkpoint holds, with their types
@@ -37,7 +38,10 @@ REQUIRED = {
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``:
     a reader (or a run killed mid-write) sees either the old file or the new one, never a torn one.
-    A failed write removes the temporary file and raises a StorageError naming the folder."""
+    A failed write removes the temporary file and raises a StorageError naming the folder.
+
+    Every tensor in ``obj`` is written from the CPU (:func:`~fedlightning.placement.to_cpu`: the
+    server state may live on the GPU), so a file loads anywhere; the caller's ``obj`` is untouched."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -45,7 +49,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             # into memory first, then one plain write: a full disk is an OSError (ENOSPC), never
             # torch's writer failing deep inside its C++ container
             buffer = io.BytesIO()
-            torch.save(obj, buffer)
+            torch.save(to_cpu(obj), buffer)
             handle.write(buffer.getbuffer())
             handle.flush()
             os.fsync(handle.fileno())

@@ -46,6 +46,7 @@ from fedlightning.loop.rundir import (
     storage_error,
 )
 from fedlightning.loop.sampling import clients_per_round, sample_clients
+from fedlightning.loop.server_device import ServerDevice
 from fedlightning.loop.summary import RunSummary
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import ClientJob, FitConfig
@@ -299,13 +300,15 @@ class FederatedLoop:
             model, self.aggregator, initial, datamodule.dataset, datamodule.num_clients,
             datamodule.partition_hash(), self.seed, self.store.mode,
         )  # fmt: skip
+        self.server = ServerDevice.for_accelerator(self.fit_config.accelerator)
         self.aggregator.setup(
-            initial, datamodule.num_clients, self.seed,
+            self.server.place(initial), datamodule.num_clients, self.seed,
             client_keys=model.client_key_sets(datamodule.num_clients),
         )  # fmt: skip
         needed = self.aggregator.initial_states_needed(per_round)
         if needed:  # e.g. FedCross(independent_init=True): K independently initialised models
-            self.aggregator.set_initial_states(independent_states(model, needed, self.seed))
+            states = independent_states(model, needed, self.seed)
+            self.aggregator.set_initial_states(self.server.place(states))
         self._last_checkpoint = None
         if checkpoint is not None:
             self._restore(ckpt_path, checkpoint)
@@ -358,7 +361,7 @@ class FederatedLoop:
                 payloads = self.aggregator.configure_round(r, client_ids)
                 jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
                 with self.reporter.watch_round(r, len(jobs)):
-                    results = self.backend.run(r, jobs)
+                    results = self.server.arrivals(self.backend.run(r, jobs))
                 traffic = self.communication.count(jobs, results)
                 outcome = sort_results(r, client_ids, results, payloads, self.summary)
                 check_for_bug(r, r == start_round, outcome)
@@ -449,7 +452,7 @@ class FederatedLoop:
         RNG states are restored when the rounds start)."""
         compare_identity(ckpt_path, checkpoint["identity"], self.identity)
         try:
-            self.aggregator.load_state_dict(checkpoint["aggregator"])
+            self.aggregator.load_state_dict(self.server.place(checkpoint["aggregator"]))
             self.store.load_state_dict(checkpoint["clients"])
         except ConfigurationError:
             raise
