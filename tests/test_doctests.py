@@ -19,6 +19,7 @@ MODULES = [
     "fedlightning.server.fedcross_maths",
     "fedlightning.server.inco",
     "fedlightning.server.inco_pairs",
+    "fedlightning.server.summation",
     "fedlightning.cofed.voting",
     "fedlightning.cofed.participants",
 ]

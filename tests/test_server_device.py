@@ -141,11 +141,14 @@ def test_every_aggregator_runs_without_float64_and_agrees_with_it(cls, monkeypat
         torch.testing.assert_close(b, a, rtol=2e-6, atol=2e-6)
 
 
-def _adversarial(k=100, n=4096, seed=0):
-    """K float32 models whose weighted mean cancels: +-1e6 halves plus a unit-scale signal."""
+def _adversarial(k=128, n=4096, seed=0):
+    """K float32 models whose mean cancels: 1e6 in the first half, -1e6 in the second, plus a
+    signal in [1, 1.5) (a naive float32 sum loses the signal to the large partial sums). With
+    K = 128 the coefficients 1/K are exact and the float64 accumulation of these terms is exact
+    too (about 31 significant bits), so the float64 path is the exact mean, rounded once."""
     g = torch.Generator().manual_seed(seed)
-    signs = torch.tensor([1.0, -1.0]).repeat(k // 2)
-    states = [(s * 1e6 + torch.randn(n, generator=g)).float() for s in signs]
+    signs = torch.tensor([1.0, -1.0]).repeat_interleave(k // 2)
+    states = [(s * 1e6 + 1 + 0.5 * torch.rand(n, generator=g)).float() for s in signs]
     return states, [1.0 / k] * k
 
 
@@ -162,7 +165,8 @@ def test_compensated_float32_sum_equals_the_float64_mean_where_a_naive_sum_does_
     naive = torch.zeros_like(states[0])
     for w, s in zip(weights, states, strict=True):
         naive += w * s
-    # within float32 rounding of the exact mean (the float64 path rounds to within 0.5 ulp)
+    # within float32 rounding of the exact mean, as the float64 path (0.5 ulp)
+    assert _ulps(exact.float(), exact).max() <= 0.5
     assert _ulps(compensated, exact).max() <= 1.0
     assert (compensated == exact.float()).float().mean() >= 0.99
     assert _ulps(naive, exact).max() > 1000  # the cancellation a naive float32 sum suffers
@@ -170,13 +174,15 @@ def test_compensated_float32_sum_equals_the_float64_mean_where_a_naive_sum_does_
 
 def test_weighted_average_without_float64_is_within_rounding_of_the_float64_mean(monkeypatch):
     states, _ = _adversarial(k=40)
-    weights = [float(w) for w in range(1, 41)]
+    weights = [1.0 + i % 20 for i in range(40)]  # client i and i + 20 alike: +-1e6 cancel
     exact = weighted_average([{"w": s.double()} for s in states], weights)["w"]
     monkeypatch.setattr(summation, "supports_float64", lambda device: False)
     assert WeightedSum((1,), "cpu").compensated
     mean = weighted_average([{"w": s} for s in states], weights)["w"]
     assert mean.dtype == torch.float32
     assert _ulps(mean, exact).max() <= 1.0
+    naive = sum(w / sum(weights) * s for w, s in zip(weights, states, strict=True))
+    assert _ulps(naive, exact).max() > 1000
 
 
 def test_error_free_transformations_are_exact():
