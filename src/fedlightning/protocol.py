@@ -60,7 +60,8 @@ class Upload:
 
     Attributes:
         client_id: the client's index in ``[0, num_clients)``.
-        weights: the trained (sub-)state_dict, on CPU.
+        weights: the trained (sub-)state_dict, on the fitting device (in-process backends) or on
+            the CPU (off a process boundary); the loop moves it onto the server device.
         num_samples: n_i, the client's number of training samples.
         num_steps: the optimizer steps actually taken (K_i / tau_i).
         extras: algorithm-specific values (e.g. SCAFFOLD's ``delta_c``).

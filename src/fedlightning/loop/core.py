@@ -80,7 +80,9 @@ class FederatedLoop:
             the cohort on an accelerator where it applies; also ``SequentialBackend``,
             ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it.
         precision: Lightning precision of every client fit and evaluation.
-        accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...).
+        accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...); its device is also the
+            server device, where the server state stays between rounds
+            (:mod:`fedlightning.loop.server_device`).
         devices: devices per client fit (one; several GPUs are reached through a backend).
         seed: seeds sampling, client fits, model initialisation (CLI) and the partition.
         eval_every: evaluate every this many rounds (and always after the last round).

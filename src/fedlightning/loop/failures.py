@@ -122,13 +122,33 @@ def _group_tracebacks(failed: dict[int, BaseException]) -> dict[str, list[int]]:
 
 
 def all_finite(value: Any) -> bool:
-    """No NaN/Inf in any floating tensor of an upload's weights or extras (nested dicts/lists too)."""
+    """No NaN/Inf in any floating tensor of an upload's weights or extras (nested dicts/lists too).
+
+    The tensors' flags are read back once per device: an upload on the GPU costs one sync, not
+    one per tensor."""
+    tensors: list[torch.Tensor] = []
+    numbers: list[float] = []
+    _collect(value, tensors, numbers)
+    if not all(math.isfinite(x) for x in numbers):
+        return False
+    flags: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        flags.setdefault(tensor.device, []).append(torch.isfinite(tensor).all())
+    return all(bool(torch.stack(group).all()) for group in flags.values())
+
+
+def _collect(value: Any, tensors: list[torch.Tensor], numbers: list[float]) -> None:
     if isinstance(value, Upload):
-        return all_finite(value.weights) and all_finite(value.extras)
-    if isinstance(value, torch.Tensor):
-        return not value.is_floating_point() or bool(torch.isfinite(value).all())
-    if isinstance(value, dict):
-        return all(all_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return all(all_finite(v) for v in value)
-    return not isinstance(value, float) or math.isfinite(value)
+        _collect(value.weights, tensors, numbers)
+        _collect(value.extras, tensors, numbers)
+    elif isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            tensors.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect(item, tensors, numbers)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _collect(item, tensors, numbers)
+    elif isinstance(value, float):
+        numbers.append(value)

@@ -1,7 +1,9 @@
 """The Aggregator contract: server state, per-client payloads, folding uploads back in.
 
 Aggregators are plain torch on state_dicts: they never import Lightning and can be tested with
-hand-made tensors. One round, as the loop drives it::
+hand-made tensors. They are device-agnostic: they compute on the device of the tensors they are
+given and keep their state there (the loop gives them its server device,
+:mod:`fedlightning.loop.server_device`; docs/algorithms.md section 2.1). One round, as the loop drives it::
 
     aggregator.setup(initial, num_clients, seed, client_keys)   # once; client_keys may be None
     payloads = aggregator.configure_round(round, client_ids)    # {client_id: Payload}

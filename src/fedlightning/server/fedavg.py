@@ -39,6 +39,10 @@ class FedAvg(Aggregator):
     ``averaged = self.average(uploads)``, then :meth:`server_step` turns the mean into the new
     server state; subclasses override ``server_step`` (server optimizers) or ``average``.
 
+    Computed on the device of the server state and the uploads (the loop's server device): the
+    mean accumulates in float64, or as a compensated float32 sum on a device without float64
+    (docs/algorithms.md section 2.1, "Where and how exactly the server computes").
+
     Robust options (homogeneous clients only): ``clip_norm`` first clips each client's update
     ``u_i = w_i - w`` to ``||u_i|| <= clip_norm`` (one flat L2 norm over all floating entries);
     ``aggregation`` then replaces the weighted mean by the coordinate-wise ``median`` or the
