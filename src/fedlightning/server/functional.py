@@ -60,8 +60,9 @@ def weighted_average(states: Sequence[StateDict], weights: Sequence[float]) -> S
 
     Accumulated in float64 and rounded once to the entry's dtype; on a device without float64
     (MPS) by the compensated float32 sum of :class:`~fedlightning.server.summation.WeightedSum`,
-    as exact up to that one rounding. Integer entries are taken from the first state (docs/algorithms.md section 2.1: taken from one client,
-    never averaged as floats). All states must have the same keys and shapes.
+    as exact up to that one rounding. Integer entries are taken from the first state
+    (docs/algorithms.md section 2.1: taken from one client, never averaged as floats). All states
+    must have the same keys and shapes.
 
     >>> a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(3)}
     >>> b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor(5)}

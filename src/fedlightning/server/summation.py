@@ -1,21 +1,20 @@
 """Exact weighted sums on any device: float64 where the device has it, else compensated float32.
 
 The server combines state_dicts on the device its tensors live on (docs/algorithms.md section 2.1,
-"Accumulation"). The rule, per device:
+"Where and how exactly the server computes"). The rule, per device:
 
 - **float64** (CPU, CUDA, every device torch gives float64): ``sum_i c_i x_i`` accumulates in
   float64 and is rounded once to the entry's dtype. The result is within one rounding of the exact
   sum for any order of the clients.
 - **compensated float32** (devices without float64, e.g. Apple's MPS): each product ``c_i x_i``
-  is split into an exactly representable float32 pair (Dekker's product with Veltkamp's splitting,
-  the coefficient carried as a float32 pair ``c_hi + c_lo``), and the terms are summed with an
-  error-free two-sum whose rounding errors are accumulated in a second float32 tensor
-  (Neumaier/Ogita-Rump-Oishi ``Sum2``). The sum is then as accurate as if computed in twice float32's
-  precision (about 48 bits) and rounded once: ``|result - S| <= u|S| + O(n u^2) sum_i |c_i x_i|``
-  with ``u = 2^-24``, so the result is the float32 mean to within float32 rounding even where a
-  naive float32 sum loses every digit to cancellation. Inputs must stay below ``2^126 / 4097``
-  in magnitude (Veltkamp's splitting multiplies by ``4097``); model weights are many orders of
-  magnitude smaller.
+  is split into an exactly representable float32 pair (Dekker's product with Veltkamp's
+  splitting, the coefficient carried as a float32 pair ``c_hi + c_lo``), and the terms are summed
+  with an error-free two-sum whose rounding errors accumulate in a second float32 tensor
+  (Neumaier / Ogita-Rump-Oishi ``Sum2``). The sum is as accurate as one computed in twice
+  float32's precision and rounded once: ``|result - S| <= u|S| + O(n u^2) sum_i |c_i x_i|`` with
+  ``u = 2^-24``, the float32 mean to within float32 rounding even where a naive float32 sum loses
+  its digits to cancellation. Inputs must stay below about ``8e34`` in magnitude (Veltkamp's
+  splitting multiplies by ``4097``); model weights are many orders of magnitude smaller.
 
 Everything else the server computes "in float64" (server optimizer steps, SCAFFOLD's ``c``,
 InCo's cross-layer update, FedCross's similarities) uses :func:`wide`: float64 where the device has
@@ -49,7 +48,7 @@ def supports_float64(device: torch.device | str) -> bool:
 
 
 def wide_dtype(device: torch.device | str) -> torch.dtype:
-    """The dtype the server computes in on ``device``: float64, or float32 where float64 is absent."""
+    """The dtype the server computes in on ``device``: float64, or float32 without float64."""
     return torch.float64 if supports_float64(device) else torch.float32
 
 
