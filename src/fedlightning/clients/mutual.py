@@ -67,6 +67,10 @@ class FML(AdaptorHeads, ClientModule):
     on its own validation split, averaged over those clients (unweighted, like ``val_acc``), and
     ``personal_acc_all``: the same over every client that holds a personal model.
 
+    With ``alpha = 1`` the personal model's loss is its own CE only (the meme's output enters
+    neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
+    independent-training (local only) baseline.
+
     Args:
         alpha: weight of the personal model's CE against its KL to the meme, in [0, 1].
         beta: weight of the meme model's CE against its KL to the personal model, in [0, 1].
@@ -77,7 +81,6 @@ class FML(AdaptorHeads, ClientModule):
             ``[mlp, lenet5, fml_cnn1, fml_cnn2, fml_cnn2]``): client i's personal model is
             ``personal_networks[i mod len]``, built with the meme's builder arguments when it is
             the meme's architecture and with none otherwise. Overrides ``personal_network``.
-
         adaptor_features: clients with different label spaces (docs/algorithms.md 1.6,
             :mod:`fedlightning.clients.fml_heads`): the meme ``network`` becomes a backbone with
             this many output features, shared and averaged; each client keeps a private adaptor
@@ -85,11 +88,6 @@ class FML(AdaptorHeads, ClientModule):
             classes of its training samples), trained locally beside its personal model and never
             uploaded. ``null``: the meme is the whole classifier.
 
-    With ``alpha = 1`` the personal model's loss is its own CE only (the meme's output enters
-    neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
-    independent-training (local only) baseline.
-
-    Args (continued):
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
 

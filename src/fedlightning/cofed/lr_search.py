@@ -1,11 +1,11 @@
 """CoFED's optional learning-rate re-search for update training (docs/algorithms.md section 3).
 
 Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task learning via co-training",
-arXiv:2202.08603 (update training re-tried at 0.1x and 2x the local learning rate, with early
-stopping, in the paper's experiments and the authors' released scripts). Update training runs once per learning-rate factor ``f`` at ``lr * f``, every
-candidate from the same locally trained model, with the same seed and the same batches, each with
-early stopping on a validation part held out of the participant's local data; the candidate with
-the best validation score is kept.
+arXiv:2202.08603 (update training re-tried at 0.1x and 2x the local learning rate with early
+stopping, as the authors' released experiment scripts do). Update training runs once per
+learning-rate factor ``f`` at ``lr * f``, every candidate from the same locally trained model,
+with the same seed and the same batches, each with early stopping on a validation part held out
+of the participant's local data; the candidate with the best validation score is kept.
 
 Score of a model on the validation set: ``(accuracy, -mean CE)``, compared lexicographically
 (accuracy first, the cross-entropy breaks ties, which are frequent on small validation sets).
