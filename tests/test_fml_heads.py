@@ -149,3 +149,29 @@ def test_adaptor_heads_through_the_cli(cli, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         cli(tmp_path / "bad", "--model.init_args.adaptor_features", "0", config="fml_tiny.yaml")
     assert exit_info.value.code == 2
+
+
+@pytest.mark.slow
+def test_adaptor_heads_over_a_flower_federation_equal_sequential(tmp_path):
+    """Each Flower node derives the label spaces from its own data module (prepare_clients)."""
+    pytest.importorskip("flwr")
+    from conftest import run_cli
+    from fedlightning.flower_app.local import LocalFederation
+    from test_flower import _flower_args
+
+    args = ["--model.init_args.adaptor_features", "16", "--data.partition", "shards",
+            "--loop.rounds", "2"]  # fmt: skip
+    run_cli(tmp_path / "seq", *args, config="fml_tiny.yaml")
+    with LocalFederation(num_nodes=2) as fed:
+        run_cli(tmp_path / "flower", *args, *_flower_args(fed), config="fml_tiny.yaml")
+    assert (tmp_path / "flower" / "global.pt").read_bytes() == (
+        tmp_path / "seq" / "global.pt"
+    ).read_bytes()
+    seq, flower = (
+        torch.load(tmp_path / d / "last.ckpt", weights_only=True) for d in ("seq", "flower")
+    )
+    states = [ckpt["clients"]["states"] for ckpt in (seq, flower)]
+    assert sorted(states[0]) == sorted(states[1])
+    for cid, state in states[0].items():  # the heads are checkpointed client state
+        other = states[1][cid]["head"]
+        assert all(torch.equal(v, other[k]) for k, v in state["head"].items())
