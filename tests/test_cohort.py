@@ -97,6 +97,7 @@ CASES = {
     "moon": (lambda: MOON(**SYNTHETIC, projection_dim=8), FedAvg, {"local_epochs": 2}),
     "fml-adam": (lambda: FML(**SYNTHETIC, optimizer="adam"), FedAvg, {"local_epochs": 2}),
     "fml-momentum": (lambda: FML(**SYNTHETIC, momentum=0.9), FedAvg, {"local_epochs": 2}),
+    "fml-adaptor": (lambda: FML(**SYNTHETIC, momentum=0.5, adaptor_features=4), FedAvg, {"local_epochs": 2}),
     "fedcross": (lambda: ClientModule(**SYNTHETIC), FedCross, {"local_epochs": 1}),
     "adam-wd": (lambda: ClientModule(**SYNTHETIC, optimizer="adam", weight_decay=1e-2), FedAvg, {"local_epochs": 2}),
     "adamw": (lambda: AdamW(**SYNTHETIC), FedAvg, {"local_epochs": 2}),

@@ -25,6 +25,7 @@ from fedlightning.models import create_model
 from fedlightning.protocol import ClientKeys, Payload, StateDict
 
 if TYPE_CHECKING:
+    from fedlightning.data.datamodule import FederatedDataModule
     from fedlightning.state import ClientStore
 
 
@@ -232,6 +233,16 @@ class ClientModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":  # a Trainer fit (Fabric fits are checked by the loop at start-up)
             self.check_precision(str(self.trainer.precision))
+
+    def prepare_clients(self, datamodule: FederatedDataModule) -> None:
+        """Called once by the loop (and by a Flower node) with the set-up data module, before any
+        fit: objectives that derive per-client settings from the data (FML's label spaces for its
+        adaptor heads) override it. The default does nothing."""
+
+    def prepare_evaluation(self, store: ClientStore) -> None:
+        """Called at the start of every evaluation, before the deployable models are scored, with
+        every client's persistent state (FML assembles its clients' adaptor heads). The default
+        does nothing."""
 
     def evaluate_clients(
         self,

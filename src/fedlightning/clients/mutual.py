@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
-from fedlightning.errors import ConfigurationError
+from fedlightning.clients.fml_heads import AdaptorHeads, mask_logits, masked_hits
+from fedlightning.errors import ConfigurationError, require
 from fedlightning.loop.distribution import accuracy_distribution
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
@@ -47,7 +48,7 @@ def dml_losses(
     return mixed(out_meme, out_local, beta), mixed(out_local, out_meme, alpha)
 
 
-class FML(ClientModule):
+class FML(AdaptorHeads, ClientModule):
     """Federated mutual learning (docs/algorithms.md 1.6): on every batch the meme model (the
     dispatched global model, ``network``) and the client's personal model see the same ``x``; the
     local objective is ``loss_meme + loss_local`` (:func:`dml_losses`, each partner detached), so
@@ -66,6 +67,10 @@ class FML(ClientModule):
     on its own validation split, averaged over those clients (unweighted, like ``val_acc``), and
     ``personal_acc_all``: the same over every client that holds a personal model.
 
+    With ``alpha = 1`` the personal model's loss is its own CE only (the meme's output enters
+    neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
+    independent-training (local only) baseline.
+
     Args:
         alpha: weight of the personal model's CE against its KL to the meme, in [0, 1].
         beta: weight of the meme model's CE against its KL to the personal model, in [0, 1].
@@ -76,10 +81,13 @@ class FML(ClientModule):
             ``[mlp, lenet5, fml_cnn1, fml_cnn2, fml_cnn2]``): client i's personal model is
             ``personal_networks[i mod len]``, built with the meme's builder arguments when it is
             the meme's architecture and with none otherwise. Overrides ``personal_network``.
+        adaptor_features: clients with different label spaces (docs/algorithms.md 1.6,
+            :mod:`fedlightning.clients.fml_heads`): the meme ``network`` becomes a backbone with
+            this many output features, shared and averaged; each client keeps a private adaptor
+            head ``Linear(adaptor_features, num_classes)`` masked to its own label space (the
+            classes of its training samples), trained locally beside its personal model and never
+            uploaded. ``null``: the meme is the whole classifier.
 
-    With ``alpha = 1`` the personal model's loss is its own CE only (the meme's output enters
-    neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
-    independent-training (local only) baseline.
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
 
@@ -93,12 +101,24 @@ class FML(ClientModule):
         personal_network: str | None = None,
         personal_network_kwargs: dict[str, Any] | None = None,
         personal_networks: list[str] | None = None,
+        adaptor_features: int | None = None,
         **kwargs: Any,
     ) -> None:
         for name, value in (("alpha", alpha), ("beta", beta)):
             if not 0.0 <= value <= 1.0:
                 raise ConfigurationError(f"FML {name} must lie in [0, 1], got {value}")
+        require(
+            adaptor_features is None or (type(adaptor_features) is int and adaptor_features >= 1),
+            "model.adaptor_features", adaptor_features, "null or an integer >= 1",
+        )  # fmt: skip
         super().__init__(**kwargs)
+        self.adaptor_features = adaptor_features
+        self.label_spaces: list[Tensor] | None = None
+        self._eval_head: tuple[Tensor, Tensor] | None = None
+        if adaptor_features is not None:
+            self.head = nn.Linear(adaptor_features, self.num_classes)
+            self.label_mask = torch.ones(self.num_classes, dtype=torch.bool)
+            self.round_context = ("label_mask",)  # the cohort backend's per-client context
         if personal_networks is not None and not personal_networks:
             raise ConfigurationError(
                 "FML personal_networks must be null or a non-empty list, got []"
@@ -165,10 +185,15 @@ class FML(ClientModule):
         self.personal.train()
         self._personal_loss_sum = 0.0
         self._meme_loss_sum: Tensor | float = 0.0
+        if self.adaptor_features is not None:
+            self._begin_head(client_id, state)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         optimizer = self.make_optimizer(self.network.parameters())
-        personal = [p for p in self.personal.parameters() if p.requires_grad]
+        private = [*self.personal.parameters()]
+        if self.adaptor_features is not None:
+            private += [*self.head.parameters()]  # private like the personal model's
+        personal = [p for p in private if p.requires_grad]
         optimizer.add_param_group({"params": personal})
         for param, saved in zip(personal, self.state.get("optimizer", []), strict=False):
             # copies on the parameter's device (scalars such as Adam's step stay where torch
@@ -182,9 +207,10 @@ class FML(ClientModule):
 
     def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         x, y = batch
-        loss_meme, loss_local = dml_losses(
-            self.network(x), self.personal(x), y, self.alpha, self.beta
-        )
+        out_local = self.personal(x)
+        if self.adaptor_features is not None:
+            out_local = mask_logits(out_local, self.label_mask)
+        loss_meme, loss_local = dml_losses(self.meme_logits(x), out_local, y, self.alpha, self.beta)
         self._personal_loss_sum = self._personal_loss_sum + loss_local.detach()
         self._meme_loss_sum = self._meme_loss_sum + loss_meme.detach()
         # the graphs are disjoint (partners detached): each model gets the gradient of its own loss
@@ -201,7 +227,12 @@ class FML(ClientModule):
             for p in optimizer.param_groups[1]["params"]
         ]  # fmt: skip
         self._optimizer = None
-        return weights, extras, {**state, "personal": personal, "optimizer": saved}
+        new = {**state, "personal": personal, "optimizer": saved}
+        if self.adaptor_features is not None:
+            new["head"] = {
+                k: v.detach().to("cpu", copy=True) for k, v in self.head.state_dict().items()
+            }
+        return weights, extras, new
 
     def client_metrics(self) -> dict[str, float]:
         if not self._loss_batches:
@@ -223,6 +254,9 @@ class FML(ClientModule):
         samples left out):
 
         * ``personal_acc``: the mean over this round's ``client_ids``;
+        * with adaptor heads, predictions are restricted to each client's label space, and
+          ``adaptor_acc`` (``adaptor_acc_all``...) scores each client's meme model, the global
+          backbone with the client's own head, the same way;
         * ``personal_acc_all`` (with ``_weighted``, ``_std``, ``_min``, ``_worst10``: the
           distribution of :mod:`fedlightning.loop.distribution`): every client that holds a
           personal model, i.e. every client that has trained at least once, sampled this round or
@@ -230,26 +264,48 @@ class FML(ClientModule):
         """
         dtype = next(self.network.parameters()).dtype
         everyone = [cid for cid in store.client_ids() if "personal" in store.get(cid)]
+        heads = self.adaptor_features is not None
         hits: dict[int, tuple[int, int]] = {}
+        adaptor: dict[int, tuple[int, int]] = {}
         with torch.no_grad():
             for cid in everyone:
+                state = store.get(cid)
                 self._use_personal(cid)
                 model = self.personal.to(device, dtype).eval()
-                model.load_state_dict(store.get(cid)["personal"])
-                correct, count = 0, 0
+                model.load_state_dict(state["personal"])
+                if heads:
+                    self.head.load_state_dict(state["head"])
+                    mask = self.label_spaces[cid]  # type: ignore[index]
+                personal, meme, count = 0, 0, 0
                 for x, y in val_dataloader(cid):
-                    prediction = model(x.to(device, dtype)).argmax(dim=1)
-                    correct += int((prediction == y.to(device)).sum())
+                    x, y = x.to(device, dtype), y.to(device)
+                    if heads:  # predictions within the client's own label space
+                        personal += masked_hits(model(x), y, mask)
+                        meme += masked_hits(self.head(self.network(x)), y, mask)
+                    else:
+                        personal += int((model(x).argmax(dim=1) == y).sum())
                     count += len(y)
-                hits[cid] = (correct, count)
+                hits[cid], adaptor[cid] = (personal, count), (meme, count)
         self.personal.train()
-        sampled = [hits[c][0] / hits[c][1] for c in client_ids if c in hits and hits[c][1]]
-        results = {"personal_acc": sum(sampled) / len(sampled)} if sampled else {}
+        results = _accuracies(hits, client_ids, everyone, "personal_acc")
+        if heads:
+            results.update(_accuracies(adaptor, client_ids, everyone, "adaptor_acc"))
         if everyone:
-            counts = torch.tensor([hits[c] for c in everyone], dtype=torch.float64)
-            results.update(accuracy_distribution(counts[:, 0], counts[:, 1], "personal_acc_all"))
             results["personal_clients"] = float(len(everyone))
         return results
+
+
+def _accuracies(
+    hits: dict[int, tuple[int, int]], sampled: Sequence[int], everyone: list[int], name: str
+) -> dict[str, float]:
+    """``name``: the mean accuracy over the ``sampled`` clients; ``name_all`` with its
+    distribution (:mod:`fedlightning.loop.distribution`) over ``everyone``."""
+    values = [hits[c][0] / hits[c][1] for c in sampled if c in hits and hits[c][1]]
+    results = {name: sum(values) / len(values)} if values else {}
+    if everyone:
+        counts = torch.tensor([hits[c] for c in everyone], dtype=torch.float64)
+        results.update(accuracy_distribution(counts[:, 0], counts[:, 1], f"{name}_all"))
+    return results
 
 
 def _copy(value: Any, device: str | torch.device | None = None) -> Any:

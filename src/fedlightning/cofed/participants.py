@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -21,8 +20,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
+from fedlightning.cofed.lr_search import (
+    DEFAULT_FACTORS,
+    check_search,
+    search_update,
+    validation_split,
+)
+from fedlightning.cofed.recipe import Recipe
 from fedlightning.data.loader import TensorBatches
-from fedlightning.errors import require
+from fedlightning.errors import ConfigurationError, require
 from fedlightning.loop import PRECISIONS
 from fedlightning.models.registry import create_model, list_models, model_builder
 from fedlightning.seeding import derive_seed, seed_fit
@@ -51,6 +57,8 @@ class Participant(ABC):
 
     #: a one-line description for the report (architecture and recipe)
     description: str = ""
+    #: the learning-rate search's candidates after update training (empty: no search ran)
+    search_log: tuple[Any, ...] = ()
 
     @abstractmethod
     def fit(self, x: Tensor, y: np.ndarray, seed: int) -> None:
@@ -59,6 +67,18 @@ class Participant(ABC):
     @abstractmethod
     def update(self, x: Tensor, y: np.ndarray, seed: int) -> None:
         """Update training on local plus pseudo-labelled data, starting from the local model."""
+
+    def update_from(
+        self,
+        local_x: Tensor,
+        local_y: np.ndarray,
+        pseudo_x: Tensor,
+        pseudo_y: np.ndarray,
+        seed: int,
+    ) -> None:
+        """Update training on the local data (as given to :meth:`fit`) plus the pseudo-labelled
+        rows ``R_i``; by default :meth:`update` on their concatenation."""
+        self.update(torch.cat([local_x, pseudo_x]), np.concatenate([local_y, pseudo_y]), seed)
 
     @abstractmethod
     def predict_proba(self, x: Tensor) -> np.ndarray:
@@ -81,58 +101,6 @@ class Participants(ABC):
         """Participant ``index`` for ``num_classes`` classes, its randomness drawn from ``seed``."""
 
 
-@dataclass
-class Recipe:
-    """A participant's training recipe.
-
-    Args:
-        optimizer: ``sgd`` or ``adam`` (created fresh for local and for update training).
-        lr: learning rate (> 0).
-        momentum: SGD momentum in [0, 1).
-        weight_decay: L2 penalty (>= 0).
-        batch_size: mini-batch size (>= 1).
-        epochs: local training epochs (>= 1).
-        update_epochs: update-training epochs (>= 1; null: ``epochs``).
-        update_batch_size: update-training mini-batch size (>= 1; null: ``batch_size``). The
-            paper trains locally with batch 50 and update-trains with batch 1000.
-    """
-
-    optimizer: Literal["sgd", "adam"] = "adam"
-    lr: float = 1e-3
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    batch_size: int = 32
-    epochs: int = 30
-    update_epochs: int | None = None
-    update_batch_size: int | None = None
-
-    def __post_init__(self) -> None:
-        require(
-            self.optimizer in ("sgd", "adam"), "recipe.optimizer", self.optimizer, "'sgd' or 'adam'"
-        )
-        require(self.lr > 0, "recipe.lr", self.lr, "a number > 0")
-        require(0.0 <= self.momentum < 1.0, "recipe.momentum", self.momentum, "a number in [0, 1)")
-        require(self.weight_decay >= 0, "recipe.weight_decay", self.weight_decay, "a number >= 0")
-        require(self.batch_size >= 1, "recipe.batch_size", self.batch_size, "an integer >= 1")
-        require(self.epochs >= 1, "recipe.epochs", self.epochs, "an integer >= 1")
-        require(
-            self.update_epochs is None or self.update_epochs >= 1,
-            "recipe.update_epochs", self.update_epochs, "null or an integer >= 1",
-        )  # fmt: skip
-        require(
-            self.update_batch_size is None or self.update_batch_size >= 1,
-            "recipe.update_batch_size", self.update_batch_size, "null or an integer >= 1",
-        )  # fmt: skip
-
-    def __str__(self) -> str:
-        update = self.epochs if self.update_epochs is None else self.update_epochs
-        extra = f" momentum {self.momentum}" if self.optimizer == "sgd" and self.momentum else ""
-        batch = f"{self.batch_size}" + (
-            f"+{self.update_batch_size}" if self.update_batch_size is not None else ""
-        )
-        return f"{self.optimizer} lr {self.lr}{extra} B {batch} E {self.epochs}+{update}"
-
-
 class TorchParticipants(Participants):
     """Participants with registered models, trained with Lightning.
 
@@ -150,6 +118,13 @@ class TorchParticipants(Participants):
         accelerator: Lightning accelerator of every fit (``auto``, ``cpu``, ``gpu``...).
         precision: Lightning precision of every fit.
         eval_batch_size: batch size for predictions.
+        lr_search: update-train once per factor of ``lr_factors`` (learning rate ``lr * f``),
+            each run with early stopping on a validation part of the local data, and keep the best
+            (docs/algorithms.md section 3; off: one update-training run at ``lr``).
+        lr_factors: the learning-rate factors tried (default ``[1.0, 0.1, 2.0]``; distinct, > 0).
+        patience: epochs without a better validation score before a run stops (>= 1).
+        val_fraction: share of each class's local samples held out for validation, from local
+            and update training alike, when ``lr_search`` is on (in (0, 1)).
     """
 
     def __init__(
@@ -160,7 +135,16 @@ class TorchParticipants(Participants):
         accelerator: str = "auto",
         precision: Literal["32-true", "32", "bf16-mixed", "16-mixed", "64-true"] = "32-true",
         eval_batch_size: int = 1024,
+        lr_search: bool = False,
+        lr_factors: list[float] | None = None,
+        patience: int = 10,
+        val_fraction: float = 0.2,
     ) -> None:
+        self.lr_factors = list(DEFAULT_FACTORS) if lr_factors is None else list(lr_factors)
+        check_search(self.lr_factors, patience, val_fraction)
+        self.lr_search = lr_search
+        self.patience = patience
+        self.val_fraction = val_fraction
         self.models = ["cofed_cnn"] if models is None else list(models)
         self.recipes = [Recipe()] if recipes is None else list(recipes)
         unknown = [m for m in self.models if m not in list_models()]
@@ -230,19 +214,65 @@ class TorchParticipant(Participant):
         self.description = description
 
     def fit(self, x: Tensor, y: np.ndarray, seed: int) -> None:
+        """Local training; with ``lr_search`` a stratified validation part of ``(x, y)`` is held
+        out first (and kept out of update training too)."""
+        self.num_local = len(y)
+        self.validation_rows = np.zeros(0, dtype=np.int64)
+        if self.settings.lr_search:
+            rows = validation_split(y, self.settings.val_fraction, derive_seed(seed, "validation"))
+            if len(rows) == 0:
+                raise ConfigurationError(
+                    f"participants.lr_search=True is not allowed here: no class of this "
+                    f"participant has 2 local samples to hold one out for validation (labels "
+                    f"{np.bincount(y).tolist()})"
+                )
+            self.validation_rows = rows
+            keep = np.setdiff1d(np.arange(len(y)), rows)
+            x, y = x[keep], y[keep]
         self._train(
             x, y, self.recipe.epochs, seed, balanced=False, batch_size=self.recipe.batch_size
         )
 
-    def update(self, x: Tensor, y: np.ndarray, seed: int) -> None:
-        epochs = (
+    @property
+    def update_epochs(self) -> int:
+        """Update-training epochs (with ``lr_search``: the most each candidate may run)."""
+        return (
             self.recipe.epochs if self.recipe.update_epochs is None else self.recipe.update_epochs
         )
+
+    def update(self, x: Tensor, y: np.ndarray, seed: int) -> None:
         batch_size = self.recipe.update_batch_size or self.recipe.batch_size
-        self._train(x, y, epochs, seed, balanced=True, batch_size=batch_size)
+        self._train(x, y, self.update_epochs, seed, balanced=True, batch_size=batch_size)
+
+    def update_from(
+        self,
+        local_x: Tensor,
+        local_y: np.ndarray,
+        pseudo_x: Tensor,
+        pseudo_y: np.ndarray,
+        seed: int,
+    ) -> None:
+        if not self.settings.lr_search:
+            return super().update_from(local_x, local_y, pseudo_x, pseudo_y, seed)
+        if len(local_y) != self.num_local:
+            raise ValueError("update_from needs the local data fit() was given")
+        rows = self.validation_rows
+        keep = np.setdiff1d(np.arange(len(local_y)), rows)
+        x = torch.cat([local_x[keep], pseudo_x])
+        y = np.concatenate([local_y[keep], pseudo_y])
+        self.search_log = tuple(
+            search_update(self, x, y, local_x[rows], torch.as_tensor(local_y[rows]), seed)
+        )
 
     def _train(
-        self, x: Tensor, y: np.ndarray, epochs: int, seed: int, balanced: bool, batch_size: int
+        self,
+        x: Tensor,
+        y: np.ndarray,
+        epochs: int,
+        seed: int,
+        balanced: bool,
+        batch_size: int,
+        callbacks: list[Any] | None = None,
     ) -> None:
         weights = class_balanced_weights(y, self.num_classes) if balanced else None
         self.module.class_weight = (
@@ -255,6 +285,7 @@ class TorchParticipant(Participant):
             self.settings.precision,
             max_epochs=epochs,
             limit_val_batches=0,
+            callbacks=callbacks,
         )
         batches = TensorBatches(x, torch.as_tensor(y), batch_size, shuffle=True, seed=seed)
         trainer.fit(self.module, train_dataloaders=batches)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -168,9 +167,10 @@ class CoFED:
         task = progress.add_task("update training", total=len(models))
         for i, (t, model, (idx, labels)) in enumerate(zip(data.tasks, models, pseudo, strict=True)):
             if len(idx):
-                x = torch.cat([t.train_x, data.public_x[idx]])
-                y = np.concatenate([t.local(t.train_y), t.local(labels)])
-                model.update(x, y, derive_seed(self.seed, "update", i))
+                model.update_from(
+                    t.train_x, t.local(t.train_y), data.public_x[idx], t.local(labels),
+                    derive_seed(self.seed, "update", i),
+                )  # fmt: skip
             accuracy.append(model.accuracy(t.test_x, t.local(t.test_y)))
             progress.advance(task)
         return accuracy
@@ -228,17 +228,19 @@ class CoFED:
             "pseudo_label_acc": _mean(np.concatenate(hits)),
             "seconds": seconds,
         }
-        self._write(data, rows, counts, summary)
+        self._write(data, models, rows, counts, summary)
         return CoFEDResult(rows, counts, summary)
 
     def _write(
         self,
         data: CoFEDData,
+        models: list[Participant],
         rows: list[dict[str, Any]],
         counts: np.ndarray,
         summary: dict[str, Any],
     ) -> None:
-        """participants.csv, pseudo_labels.csv, partition.csv, summary.json, relative_accuracy.png."""
+        """participants.csv, pseudo_labels.csv, partition.csv, summary.json, relative_accuracy.png
+        and, after a learning-rate search, lr_search.csv (one row per participant and candidate)."""
         run = self.run_dir
         run.mkdir(parents=True, exist_ok=True)
         with open(run / "participants.csv", "w", newline="") as handle:
@@ -257,6 +259,12 @@ class CoFED:
             json.dumps({**summary, "class_names": list(data.class_names)}, indent=2) + "\n"
         )
         plot_relative_accuracy([r["relative_acc"] for r in rows], run / "relative_accuracy.png")
+        searched = [c.row(i) for i, m in enumerate(models) for c in m.search_log]
+        if searched:
+            with open(run / "lr_search.csv", "w", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=list(searched[0]))
+                writer.writeheader()
+                writer.writerows(searched)
 
 
 def _mean(values: np.ndarray) -> float:

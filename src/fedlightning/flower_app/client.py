@@ -63,6 +63,7 @@ def _objects(spec: dict[str, Any], node_config: dict[str, Any], config: FitConfi
         model = _instantiate(spec["model"])
         datamodule = _instantiate(data_spec)
         datamodule.setup("fit")
+        model.prepare_clients(datamodule)
         _BUILT.clear()
         _BUILT.update(key=key, model=model, dm=datamodule, placed=None)
     if _BUILT.get("config") != config:

@@ -290,6 +290,7 @@ class FederatedLoop:
         check_accelerator(self.fit_config.accelerator)
         self.backend.check(model, self.fit_config)
         validate_datamodule(datamodule)
+        model.prepare_clients(datamodule)
         checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
         # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
         # not take over a directory holding another run's results (unless overwrite)

@@ -84,6 +84,7 @@ class Evaluator:
     ) -> dict[str, float]:
         """Every metric of one evaluated round (see the module docstring)."""
         model.to(self.device).eval()
+        model.prepare_evaluation(store)
         results: dict[str, float] = {}
         for name, weights in deployables.items():
             model.load_network_state(weights)
