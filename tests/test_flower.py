@@ -21,7 +21,12 @@ from fedlightning.errors import ConfigurationError  # noqa: E402
 from fedlightning.flower_app.client import served_clients  # noqa: E402
 from fedlightning.flower_app.export import main as export_main  # noqa: E402
 from fedlightning.flower_app.local import LocalFederation  # noqa: E402
-from fedlightning.flower_app.records import job_content, read_job, read_result, result_content  # noqa: E402
+from fedlightning.flower_app.records import (  # noqa: E402
+    jobs_content,
+    read_jobs,
+    read_result,
+    results_content,
+)
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Payload, Upload  # noqa: E402
 
 
@@ -44,9 +49,13 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
     job = ClientJob(
         3, 5, Payload(weights, extras, model_index=2), {"c_i": torch.randn(3, generator=g)}
     )
+    other = ClientJob(3, 1, Payload({"w": torch.zeros(4, 3)}, {}, model_index=0), {})
     config = FitConfig(local_steps=3, seed=11, num_threads=1)
-    back, back_config, spec = read_job(job_content(job, config, {"model": {"x": 1}}))
+    jobs, back_config, spec = read_jobs(jobs_content([job, other], config, {"model": {"x": 1}}))
     assert back_config == config and spec == {"model": {"x": 1}}
+    back = jobs[0]
+    assert [j.client_id for j in jobs] == [5, 1] and jobs[1].payload.model_index == 0
+    assert _same(jobs[1].payload.weights, other.payload.weights) and jobs[1].state == {}
     assert (back.round_index, back.client_id, back.payload.model_index) == (3, 5, 2)
     assert _same(back.payload.weights, weights) and _same(back.state, job.state)
     assert _same(back.payload.extras, extras)
@@ -59,7 +68,10 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
         2,
         {"train_loss": 0.25},
     )
-    result = read_result(result_content(FitResult(upload, {"c_i": torch.ones(3)})), ["w"])
+    reply = results_content(
+        {5: FitResult(upload, {"c_i": torch.ones(3)}), 1: (ValueError("bad batch"), "tb text")}
+    )
+    result = read_result(reply, 5, ["w"])
     assert isinstance(result, FitResult)
     assert _same(result.upload.weights, upload.weights) and _same(
         result.upload.extras, upload.extras
@@ -72,6 +84,12 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
     assert result.upload.metrics == {"train_loss": 0.25} and _same(
         result.state, {"c_i": torch.ones(3)}
     )
+    assert read_result(reply, 1, ["w"]) == {
+        "type": "ValueError",
+        "message": "bad batch",
+        "traceback": "tb text",
+    }
+    assert read_result(reply, 7, ["w"])["type"] == "LookupError"  # a client the reply lacks
 
 
 def test_node_config_selects_the_clients_a_node_serves():
@@ -104,13 +122,15 @@ def test_flower_app_export_writes_a_flower_app(tmp_path):
 
 
 def _flower_args(fed: LocalFederation, round_timeout: float = 240) -> list[str]:
-    return [
+    args = [
         "--loop.backend", "fedlightning.backends.flower.FlowerBackend",
         "--loop.backend.init_args.address", fed.address,
-        "--loop.backend.init_args.insecure", "true",
         "--loop.backend.init_args.round_timeout", str(round_timeout),
         "--loop.backend.init_args.connect_timeout", "240",
     ]  # fmt: skip
+    if fed.root_certificates is None:
+        return [*args, "--loop.backend.init_args.insecure", "true"]
+    return [*args, "--loop.backend.init_args.root_certificates", fed.root_certificates]
 
 
 @pytest.mark.slow
@@ -153,11 +173,7 @@ def test_the_exported_app_runs_with_flwr_run(tmp_path):
         ["--config", str(config), "--out", str(tmp_path / "app"), "--run-dir", str(run_dir)]
     )
     with LocalFederation(num_nodes=2) as fed:
-        home = tmp_path / "flwr-home"
-        home.mkdir()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n[superlink.local]\naddress = "{fed.address}"\ninsecure = true\n'
-        )
+        home = fed.write_flwr_home(tmp_path / "flwr-home")
         flwr = os.path.join(os.path.dirname(sys.executable), "flwr")
         subprocess.run(
             [flwr, "run", str(tmp_path / "app"), "local"],
@@ -166,6 +182,11 @@ def test_the_exported_app_runs_with_flwr_run(tmp_path):
         deadline = time.monotonic() + 400
         while not (run_dir / "global.pt").exists() and time.monotonic() < deadline:
             time.sleep(1)
+        if not (run_dir / "global.pt").exists():
+            pytest.fail(
+                f"the exported app wrote no {run_dir / 'global.pt'} within 400 s of `flwr run`; "
+                f"SuperLink log:\n{fed.logs[0].read_text()[-3000:]}"
+            )
     assert (run_dir / "global.pt").read_bytes() == (tmp_path / "seq" / "global.pt").read_bytes()
 
 
@@ -207,3 +228,26 @@ def test_a_node_killed_mid_round_follows_the_failure_policy(tmp_path, caplog, mo
     assert lost and all(cid % 2 == 1 for cid in lost)  # only node 1's clients were lost
     assert ok and all(cid % 2 == 0 for cid in ok)
     assert "failed and are left out" in caplog.text
+
+
+@pytest.mark.slow
+def test_tls_and_supernode_authentication(tmp_path):
+    """The SuperLink serves TLS with a throwaway CA (created here, offline) and accepts only
+    SuperNodes whose public keys were registered with ``flwr supernode register``; the backend
+    connects with ``root_certificates`` and the run is byte-identical to the sequential one.
+    A node with an unregistered key is refused."""
+    run_cli(tmp_path / "seq", "--loop.rounds", "1")
+    with LocalFederation(num_nodes=2, tls=True, node_auth=True) as fed:
+        assert fed.address and fed.root_certificates
+        rows = run_cli(tmp_path / "tls", "--loop.rounds", "1", *_flower_args(fed))
+        assert [int(r["round"]) for r in rows] == [1]
+        stranger = fed.refused_node()
+    assert (tmp_path / "tls" / "global.pt").read_bytes() == (
+        tmp_path / "seq" / "global.pt"
+    ).read_bytes()
+    assert "Failed to initialize the connection to the SuperLink" in stranger
+
+
+def test_a_federation_without_tls_refuses_node_authentication():
+    with pytest.raises(ValueError, match="needs TLS"):
+        LocalFederation(node_auth=True)
