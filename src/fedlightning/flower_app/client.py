@@ -75,29 +75,25 @@ def _objects(spec: dict[str, Any], node_config: dict[str, Any], config: FitConfi
     return _BUILT["model"], _BUILT["dm"], fitter
 
 
-@app.query()
-def query(message: Message, context: Context) -> Message:
-    """Reply with the client ids this node serves."""
-    num_clients = int(message.content.config_records["query"]["num_clients"])  # type: ignore[arg-type]
-    ids = served_clients(dict(context.node_config), num_clients)
-    return Message(
-        RecordDict({"served": ConfigRecord({"client_ids": ids or [-1]})}), reply_to=message
-    )
+def query_reply(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    """The reply to a ``query`` message: the client ids this node serves."""
+    num_clients = int(content.config_records["query"]["num_clients"])  # type: ignore[arg-type]
+    ids = served_clients(node_config, num_clients)
+    return RecordDict({"served": ConfigRecord({"client_ids": ids or [-1]})})
 
 
-@app.train()
-def train(message: Message, context: Context) -> Message:
-    """Fit every client job in the message, in order; reply with each upload or exception."""
+def train_reply(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    """The reply to a ``train`` message: fit every client job in it, in order; each upload or
+    exception."""
     from fedlightning.training import cpu_compute, quiet_lightning
 
     outcomes: dict[int, FitResult | tuple[BaseException, str]] = {}
     try:
-        jobs, config, spec = read_jobs(message.content)
+        jobs, config, spec = read_jobs(content)
     except Exception as error:  # noqa: BLE001  (reported for every client of the message)
-        ids = message.content.config_records["jobs"]["client_ids"]  # type: ignore[union-attr]
+        ids = content.config_records["jobs"]["client_ids"]  # type: ignore[union-attr]
         failed = (error, traceback.format_exc())
-        return Message(results_content({int(c): failed for c in ids}), reply_to=message)  # type: ignore[union-attr]
-    node_config = dict(context.node_config)
+        return results_content({int(c): failed for c in ids})  # type: ignore[union-attr]
     for job in jobs:
         try:
             num_clients = int(spec["data"]["init_args"].get("num_clients", job.client_id + 1))
@@ -108,4 +104,16 @@ def train(message: Message, context: Context) -> Message:
                 outcomes[job.client_id] = fitter.fit(model, datamodule, job)
         except Exception as error:  # noqa: BLE001  (the server's failure policy decides)
             outcomes[job.client_id] = (error, traceback.format_exc())
-    return Message(results_content(outcomes), reply_to=message)
+    return results_content(outcomes)
+
+
+@app.query()
+def query(message: Message, context: Context) -> Message:
+    """Reply with the client ids this node serves."""
+    return Message(query_reply(message.content, dict(context.node_config)), reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    """Fit the message's client jobs; reply with each upload or exception."""
+    return Message(train_reply(message.content, dict(context.node_config)), reply_to=message)

@@ -20,7 +20,7 @@ from typing import Any
 
 from fedlightning.backends.base import WorkerLost
 from fedlightning.errors import ConfigurationError
-from fedlightning.flower_app.export import write_pyproject
+from fedlightning.flower_app.export import warm_client_source, write_pyproject
 
 
 class RelayTransport:
@@ -82,12 +82,10 @@ def _submit(backend: Any, tmp: str) -> Connection:
     app = Path(tmp) / "relay"
     write_pyproject(
         app, "fedlightning-relay", "fedlightning.flower_app.relay:app",
-        "fedlightning.flower_app.client:app",
+        "fedlightning_client:app",
         {"relay-address": f"{backend.relay_host}:{listener.address[1]}", "relay-key": key.hex()},
     )  # fmt: skip
-    (app / "fedlightning_relay.py").write_text(
-        '"""fedlightning relay app (components in fedlightning)."""\n'
-    )
+    (app / "fedlightning_client.py").write_text(warm_client_source())
     home = Path(tmp) / "flwr-home"
     home.mkdir()
     connection = {"address": backend.address, "insecure": backend.insecure}
