@@ -251,3 +251,48 @@ def test_tls_and_supernode_authentication(tmp_path):
 def test_a_federation_without_tls_refuses_node_authentication():
     with pytest.raises(ValueError, match="needs TLS"):
         LocalFederation(node_auth=True)
+
+
+def test_the_warm_worker_answers_refuses_strangers_and_leaves_with_its_owner(tmp_path):
+    """The worker a SuperNode's ClientApp forwards to: answers a query with the node's clients,
+    reports a failing request with its traceback, refuses a wrong key, and exits (removing its
+    socket and key) when the process that owns it is gone."""
+    import subprocess
+    import sys
+    import time
+    from multiprocessing.connection import AuthenticationError, Client
+
+    from flwr.app import ConfigRecord, RecordDict
+
+    owner = subprocess.Popen(["sleep", "600"])
+    address, key = tmp_path / "w.sock", tmp_path / "w.key"
+    key.write_bytes(b"k" * 32)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "fedlightning.flower_app.worker", str(address), str(key),
+         str(owner.pid)]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not address.exists():
+            assert worker.poll() is None and time.monotonic() < deadline, "worker did not listen"
+            time.sleep(0.1)
+        query = RecordDict({"query": ConfigRecord({"num_clients": 5})})
+        with Client(str(address), family="AF_UNIX", authkey=b"k" * 32) as connection:
+            connection.send(("query", query, {"partition-id": 1, "num-partitions": 2}))
+            status, reply = connection.recv()
+        assert status == "ok" and list(reply.config_records["served"]["client_ids"]) == [1, 3]
+        with Client(str(address), family="AF_UNIX", authkey=b"k" * 32) as connection:
+            connection.send(("evaluate", query, {}))
+            status, text = connection.recv()
+        assert status == "error" and "KeyError: 'evaluate'" in text
+        with pytest.raises(AuthenticationError):
+            Client(str(address), family="AF_UNIX", authkey=b"x" * 32)
+        owner.kill()
+        owner.wait()
+        assert worker.wait(timeout=30) == 0
+        assert not address.exists() and not key.exists()
+    finally:
+        for process in (owner, worker):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
