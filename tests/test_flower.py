@@ -296,3 +296,79 @@ def test_the_warm_worker_answers_refuses_strangers_and_leaves_with_its_owner(tmp
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def _readme_flower_commands() -> list[str]:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## From simulation to a Flower deployment", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [line.strip() for line in block.splitlines() if line.strip()[:1] not in ("", "#")]
+
+
+@pytest.mark.slow
+def test_the_readme_two_machine_commands_run_on_localhost(tmp_path, monkeypatch):
+    """The README's deployment commands, as written but with both machines on 127.0.0.1 (free
+    ports, data roots in a temporary directory, one round): the run's global.pt equals the
+    sequential backend's."""
+    import shlex
+    from pathlib import Path
+
+    from fedlightning.cli import main
+    from fedlightning.flower_app.local import free_port, wait_listening
+
+    root = Path(__file__).parents[1]
+    commands = [shlex.split(c) for c in _readme_flower_commands()]
+    assert [c[0] for c in commands] == [
+        "flower-superlink", "flower-supernode", "flower-supernode", "fedlightning",
+    ]  # fmt: skip
+    link_port = free_port()
+
+    def local(words: list[str]) -> list[str]:
+        out = []
+        for word in words:
+            for machine in ("0.0.0.0", "10.0.0.1", "10.0.0.2"):
+                word = word.replace(machine, "127.0.0.1")
+            word = word.replace("127.0.0.1:8000", f"127.0.0.1:{link_port}")
+            out.append(word.replace('data-root="/data/', f'data-root="{tmp_path}/'))
+        return out
+
+    monkeypatch.chdir(root)
+    with LocalFederation(start_flower=False) as fed:
+        link, node_a, node_b, fit = (local(c) for c in commands)
+        link[link.index("--port") + 1] = str(link_port)
+        process, log = fed.start("superlink", link)
+        wait_listening(link_port, fed.timeout, process, log)
+        for i, node in enumerate((node_a, node_b)):
+            port = free_port()
+            node[node.index("--port") + 1] = str(port)
+            process, log = fed.start(f"supernode{i}", [*node, "--host", "127.0.0.1"])
+            wait_listening(port, fed.timeout, process, log)
+        extra = ["--loop.rounds", "1", "--loop.progress_bar", "false"]
+        sys_argv = ["fedlightning"]
+        monkeypatch.setattr("sys.argv", sys_argv)
+        main([*fit[1:], *extra, "--loop.run_dir", str(tmp_path / "flower")])
+    monkeypatch.setattr("sys.argv", ["fedlightning"])
+    main(["fit", "--config", "configs/quickstart.yaml", *extra, "--loop.run_dir",
+          str(tmp_path / "seq")])  # fmt: skip
+    assert (tmp_path / "flower" / "global.pt").read_bytes() == (
+        tmp_path / "seq" / "global.pt"
+    ).read_bytes()
+
+
+@pytest.mark.slow
+def test_the_overhead_benchmark_runs_and_checks_equality():
+    """``benchmarks/flower_overhead.py`` (README) runs and its Flower run equals the sequential."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    done = subprocess.run(
+        [sys.executable, "benchmarks/flower_overhead.py", "--rounds", "1", "--threads", "1"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "global.pt byte-identical: True" in done.stdout
+    assert "flower" in done.stdout and "ratio" in done.stdout

@@ -8,6 +8,8 @@ and certificate (:mod:`fedlightning.flower_app.credentials`) that nodes, ``flwr`
 verify; ``node_auth=True`` also turns on SuperNode authentication: each node gets a key pair, its
 public key registered with ``flwr supernode register`` before the node starts with
 ``--auth-supernode-private-key``. ``kill_node(i)`` kills a node with its ClientApp processes.
+``start_flower=False`` starts nothing: :meth:`LocalFederation.start` runs your own commands (the
+README's), torn down the same way.
 
 Teardown: leaving the ``with`` block (or a failed start) stops every process group (SIGTERM, then
 SIGKILL after a bounded wait); and a small reaper process SIGKILLs them when this process dies
@@ -54,7 +56,9 @@ def _tail(log: Path, chars: int = 3000) -> str:
     return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
 
 
-def _wait_listening(port: int, timeout: float, process: subprocess.Popen, log: Path) -> None:
+def wait_listening(port: int, timeout: float, process: subprocess.Popen, log: Path) -> None:
+    """Wait until something listens on 127.0.0.1:``port``; raise, with ``log``'s tail, if
+    ``process`` exits first or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -82,10 +86,12 @@ class LocalFederation:
         timeout: float = 120.0,
         tls: bool = False,
         node_auth: bool = False,
+        start_flower: bool = True,
     ) -> None:
         if node_auth and not tls:
             raise ValueError("Flower's SuperNode authentication needs TLS: pass tls=True")
         self.num_nodes, self.timeout, self.tls, self.node_auth = num_nodes, timeout, tls, node_auth
+        self.start_flower = start_flower
         self.dir = Path(tempfile.mkdtemp(prefix="fedlightning-localfed-"))
         bin_dir = str(Path(sys.executable).parent)
         self.env = {
@@ -100,6 +106,7 @@ class LocalFederation:
         self.link: subprocess.Popen | None = None
         self.nodes: list[subprocess.Popen | None] = []
         self.logs: list[Path] = []
+        self.started: list[subprocess.Popen] = []
         self._reaper: subprocess.Popen | None = None
 
     @property
@@ -122,13 +129,16 @@ class LocalFederation:
         (home / "config.toml").write_text("\n".join(lines) + "\n")
         return home
 
-    def _start(self, name: str, args: list[str]) -> tuple[subprocess.Popen, Path]:
+    def start(self, name: str, args: list[str]) -> tuple[subprocess.Popen, Path]:
+        """Start ``args`` in its own process group, output in ``<dir>/<name>.log``, torn down
+        with this federation (:meth:`close`, or the reaper)."""
         log = self.dir / f"{name}.log"
         self.logs.append(log)
         with log.open("w") as out:
             process = subprocess.Popen(
                 args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+        self.started.append(process)
         self._reap(process)
         return process, log
 
@@ -149,9 +159,9 @@ class LocalFederation:
         picking and binding is retried)."""
         for attempt in range(attempts):
             port = free_port()
-            process, log = self._start(name, make_args(port))
+            process, log = self.start(name, make_args(port))
             try:
-                _wait_listening(port, self.timeout, process, log)
+                wait_listening(port, self.timeout, process, log)
                 return process
             except RuntimeError:
                 if attempt == attempts - 1:
@@ -194,6 +204,8 @@ class LocalFederation:
             )
 
     def __enter__(self) -> LocalFederation:
+        if not self.start_flower:
+            return self
         try:
             self.link = self._listening("superlink", self._link_args)
             for i in range(self.num_nodes):
@@ -213,7 +225,7 @@ class LocalFederation:
         log once it exits; raise if it was not refused within the timeout."""
         key, _ = write_node_key(self.dir / "keys", "stranger")
         args = self._node_args(self.num_nodes, free_port(), key=str(key))
-        process, log = self._start("stranger", [*args, "--max-retries", "1"])
+        process, log = self.start("stranger", [*args, "--max-retries", "1"])
         try:
             code = process.wait(timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -240,9 +252,7 @@ class LocalFederation:
 
     def close(self) -> None:
         """Stop every process group: SIGTERM, SIGKILL after 15 s (also the reaper's job)."""
-        for process in [*self.nodes, self.link]:
-            if process is None:
-                continue
+        for process in reversed(self.started):  # a group outlives its leader: signal it anyway
             try:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=15)
@@ -251,7 +261,7 @@ class LocalFederation:
                 process.wait(timeout=15)
             except ProcessLookupError:
                 pass
-        self.nodes, self.link = [], None
+        self.nodes, self.link, self.started = [], None, []
         if self._reaper is not None:  # also SIGKILLs what is left of those groups
             self._reaper.stdin.close()  # type: ignore[union-attr]
             self._reaper.wait(timeout=15)
