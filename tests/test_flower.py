@@ -191,12 +191,20 @@ def test_the_exported_app_runs_with_flwr_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_round_follows_the_failure_policy(tmp_path, caplog, monkeypatch):
-    """Node 1 (odd client ids) dies while it fits; its clients fail as lost workers, the run
-    aggregates the others and finishes."""
+def test_a_node_killed_mid_round_follows_the_failure_policy_over_tls_with_node_auth(
+    tmp_path, caplog, monkeypatch
+):
+    """On a SuperLink serving TLS with a throwaway CA (made here, offline) and accepting only
+    SuperNodes whose public keys were registered with ``flwr supernode register``, the backend
+    connects with ``root_certificates``. Node 1 (odd client ids) dies while it fits; its clients
+    fail as lost workers, the run aggregates the others and finishes. A SuperNode with an
+    unregistered key is refused."""
     import threading
 
-    with LocalFederation(num_nodes=2) as fed:
+    with LocalFederation(num_nodes=2, tls=True, node_auth=True) as fed:
+        assert fed.root_certificates and "--loop.backend.init_args.insecure" not in _flower_args(
+            fed
+        )
 
         def kill_when_training() -> None:
             for _ in range(1200):
@@ -222,30 +230,14 @@ def test_a_node_killed_mid_round_follows_the_failure_policy(tmp_path, caplog, mo
                 *_flower_args(fed, round_timeout=120),
             )  # fmt: skip
         killer.join(timeout=5)
+        stranger = fed.refused_node()
+    assert "Failed to initialize the connection to the SuperLink" in stranger
     assert [int(r["round"]) for r in rows] == [1, 2]
     lost = {cid for results in seen for cid, r in results.items() if isinstance(r, WorkerLost)}
     ok = {cid for results in seen for cid, r in results.items() if isinstance(r, FitResult)}
     assert lost and all(cid % 2 == 1 for cid in lost)  # only node 1's clients were lost
     assert ok and all(cid % 2 == 0 for cid in ok)
     assert "failed and are left out" in caplog.text
-
-
-@pytest.mark.slow
-def test_tls_and_supernode_authentication(tmp_path):
-    """The SuperLink serves TLS with a throwaway CA (created here, offline) and accepts only
-    SuperNodes whose public keys were registered with ``flwr supernode register``; the backend
-    connects with ``root_certificates`` and the run is byte-identical to the sequential one.
-    A node with an unregistered key is refused."""
-    run_cli(tmp_path / "seq", "--loop.rounds", "1")
-    with LocalFederation(num_nodes=2, tls=True, node_auth=True) as fed:
-        assert fed.address and fed.root_certificates
-        rows = run_cli(tmp_path / "tls", "--loop.rounds", "1", *_flower_args(fed))
-        assert [int(r["round"]) for r in rows] == [1]
-        stranger = fed.refused_node()
-    assert (tmp_path / "tls" / "global.pt").read_bytes() == (
-        tmp_path / "seq" / "global.pt"
-    ).read_bytes()
-    assert "Failed to initialize the connection to the SuperLink" in stranger
 
 
 def test_a_federation_without_tls_refuses_node_authentication():
