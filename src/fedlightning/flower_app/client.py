@@ -1,4 +1,7 @@
-"""The fedlightning ClientApp: what each SuperNode runs.
+"""What a SuperNode does with fedlightning's messages: :func:`query_reply` and
+:func:`train_reply`, run by the node's warm worker (:mod:`fedlightning.flower_app.worker`, which
+the ClientApp of every app fedlightning writes forwards to); ``app`` is a ClientApp running them
+in the ``flwr-clientapp`` process itself (it then loads torch and Lightning for every message).
 
 A SuperNode serves the clients its node config names (``flower-supernode --node-config ...``):
 
