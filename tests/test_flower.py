@@ -116,6 +116,20 @@ def test_flower_app_export_writes_a_flower_app(tmp_path):
     assert app["config"]["fedlightning-config"] == (CONF / "scaffold_tiny.yaml").read_text()
     assert project["project"]["name"] and app["publisher"]
     assert (tmp_path / "app" / "fedlightning_app" / "server_app.py").is_file()
+    # the ClientApp a flwr-clientapp process loads for every message imports neither torch nor
+    # Lightning (the node's warm worker holds them)
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from fedlightning_app.client_app import app; "
+        "print(sorted(m for m in ('torch', 'lightning', 'fedlightning') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path / "app", capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 # -- a real federation on 127.0.0.1 ------------------------------------------------------------

@@ -5,8 +5,8 @@ config (``fedlightning.yaml``) and two small modules: ``fedlightning_app/server_
 whole :class:`~fedlightning.loop.FederatedLoop` inside the ServerApp with the
 :class:`~fedlightning.backends.flower.FlowerBackend` on the Grid Flower gives it, and
 ``fedlightning_app/client_app.py`` is the fedlightning ClientApp (a copy of
-:mod:`fedlightning.flower_app.warm_client`: each SuperNode fits in a warm worker process). Run it with ``flwr run <dir> <superlink-connection>``
-against a SuperLink whose SuperNodes serve the clients (node config ``partition-id``/
+:mod:`fedlightning.flower_app.warm_client`: each SuperNode fits in a warm worker process). Run it
+with ``flwr run <dir> <superlink-connection>`` against a SuperLink whose SuperNodes serve the clients (node config ``partition-id``/
 ``num-partitions`` or ``client-ids``; ``data-root`` for the node's data). Every machine needs
 ``pip install 'fedlightning[flower]'``.
 """
