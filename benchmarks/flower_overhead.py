@@ -10,9 +10,11 @@ byte-identical.
 
     python benchmarks/flower_overhead.py --rounds 2 --threads 1   # needs fedlightning[flower]
 
-On Flower 1.41 each message is handled by a fresh ``flwr-clientapp`` process (Flower's
-subprocess isolation), which imports torch, Lightning and fedlightning and builds the data module:
-that start-up, not the transport, is most of the per-round overhead.
+On Flower 1.41 a SuperNode handles one message at a time, each in a fresh ``flwr-clientapp``
+process, and sleeps 3 s when it finds no message waiting. The backend sends one message per node
+and round, and the ClientApp forwards it to the node's warm worker (torch, Lightning and the data
+module loaded once per node): what remains per round is mostly Flower's polling and the
+``flwr-clientapp`` process start.
 """
 
 from __future__ import annotations

@@ -21,7 +21,12 @@ from fedlightning.errors import ConfigurationError  # noqa: E402
 from fedlightning.flower_app.client import served_clients  # noqa: E402
 from fedlightning.flower_app.export import main as export_main  # noqa: E402
 from fedlightning.flower_app.local import LocalFederation  # noqa: E402
-from fedlightning.flower_app.records import job_content, read_job, read_result, result_content  # noqa: E402
+from fedlightning.flower_app.records import (  # noqa: E402
+    jobs_content,
+    read_jobs,
+    read_result,
+    results_content,
+)
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Payload, Upload  # noqa: E402
 
 
@@ -44,9 +49,13 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
     job = ClientJob(
         3, 5, Payload(weights, extras, model_index=2), {"c_i": torch.randn(3, generator=g)}
     )
+    other = ClientJob(3, 1, Payload({"w": torch.zeros(4, 3)}, {}, model_index=0), {})
     config = FitConfig(local_steps=3, seed=11, num_threads=1)
-    back, back_config, spec = read_job(job_content(job, config, {"model": {"x": 1}}))
+    jobs, back_config, spec = read_jobs(jobs_content([job, other], config, {"model": {"x": 1}}))
     assert back_config == config and spec == {"model": {"x": 1}}
+    back = jobs[0]
+    assert [j.client_id for j in jobs] == [5, 1] and jobs[1].payload.model_index == 0
+    assert _same(jobs[1].payload.weights, other.payload.weights) and jobs[1].state == {}
     assert (back.round_index, back.client_id, back.payload.model_index) == (3, 5, 2)
     assert _same(back.payload.weights, weights) and _same(back.state, job.state)
     assert _same(back.payload.extras, extras)
@@ -59,7 +68,10 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
         2,
         {"train_loss": 0.25},
     )
-    result = read_result(result_content(FitResult(upload, {"c_i": torch.ones(3)})), ["w"])
+    reply = results_content(
+        {5: FitResult(upload, {"c_i": torch.ones(3)}), 1: (ValueError("bad batch"), "tb text")}
+    )
+    result = read_result(reply, 5, ["w"])
     assert isinstance(result, FitResult)
     assert _same(result.upload.weights, upload.weights) and _same(
         result.upload.extras, upload.extras
@@ -72,6 +84,12 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
     assert result.upload.metrics == {"train_loss": 0.25} and _same(
         result.state, {"c_i": torch.ones(3)}
     )
+    assert read_result(reply, 1, ["w"]) == {
+        "type": "ValueError",
+        "message": "bad batch",
+        "traceback": "tb text",
+    }
+    assert read_result(reply, 7, ["w"])["type"] == "LookupError"  # a client the reply lacks
 
 
 def test_node_config_selects_the_clients_a_node_serves():
@@ -98,19 +116,35 @@ def test_flower_app_export_writes_a_flower_app(tmp_path):
     assert app["config"]["fedlightning-config"] == (CONF / "scaffold_tiny.yaml").read_text()
     assert project["project"]["name"] and app["publisher"]
     assert (tmp_path / "app" / "fedlightning_app" / "server_app.py").is_file()
+    # the ClientApp a flwr-clientapp process loads for every message imports neither torch nor
+    # Lightning (the node's warm worker holds them)
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from fedlightning_app.client_app import app; "
+        "print(sorted(m for m in ('torch', 'lightning', 'fedlightning') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path / "app", capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 # -- a real federation on 127.0.0.1 ------------------------------------------------------------
 
 
 def _flower_args(fed: LocalFederation, round_timeout: float = 240) -> list[str]:
-    return [
+    args = [
         "--loop.backend", "fedlightning.backends.flower.FlowerBackend",
         "--loop.backend.init_args.address", fed.address,
-        "--loop.backend.init_args.insecure", "true",
         "--loop.backend.init_args.round_timeout", str(round_timeout),
         "--loop.backend.init_args.connect_timeout", "240",
     ]  # fmt: skip
+    if fed.root_certificates is None:
+        return [*args, "--loop.backend.init_args.insecure", "true"]
+    return [*args, "--loop.backend.init_args.root_certificates", fed.root_certificates]
 
 
 @pytest.mark.slow
@@ -153,11 +187,7 @@ def test_the_exported_app_runs_with_flwr_run(tmp_path):
         ["--config", str(config), "--out", str(tmp_path / "app"), "--run-dir", str(run_dir)]
     )
     with LocalFederation(num_nodes=2) as fed:
-        home = tmp_path / "flwr-home"
-        home.mkdir()
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "local"\n[superlink.local]\naddress = "{fed.address}"\ninsecure = true\n'
-        )
+        home = fed.write_flwr_home(tmp_path / "flwr-home")
         flwr = os.path.join(os.path.dirname(sys.executable), "flwr")
         subprocess.run(
             [flwr, "run", str(tmp_path / "app"), "local"],
@@ -166,16 +196,29 @@ def test_the_exported_app_runs_with_flwr_run(tmp_path):
         deadline = time.monotonic() + 400
         while not (run_dir / "global.pt").exists() and time.monotonic() < deadline:
             time.sleep(1)
+        if not (run_dir / "global.pt").exists():
+            pytest.fail(
+                f"the exported app wrote no {run_dir / 'global.pt'} within 400 s of `flwr run`; "
+                f"SuperLink log:\n{fed.logs[0].read_text()[-3000:]}"
+            )
     assert (run_dir / "global.pt").read_bytes() == (tmp_path / "seq" / "global.pt").read_bytes()
 
 
 @pytest.mark.slow
-def test_a_node_killed_mid_round_follows_the_failure_policy(tmp_path, caplog, monkeypatch):
-    """Node 1 (odd client ids) dies while it fits; its clients fail as lost workers, the run
-    aggregates the others and finishes."""
+def test_a_node_killed_mid_round_follows_the_failure_policy_over_tls_with_node_auth(
+    tmp_path, caplog, monkeypatch
+):
+    """On a SuperLink serving TLS with a throwaway CA (made here, offline) and accepting only
+    SuperNodes whose public keys were registered with ``flwr supernode register``, the backend
+    connects with ``root_certificates``. Node 1 (odd client ids) dies while it fits; its clients
+    fail as lost workers, the run aggregates the others and finishes. A SuperNode with an
+    unregistered key is refused."""
     import threading
 
-    with LocalFederation(num_nodes=2) as fed:
+    with LocalFederation(num_nodes=2, tls=True, node_auth=True) as fed:
+        assert fed.root_certificates and "--loop.backend.init_args.insecure" not in _flower_args(
+            fed
+        )
 
         def kill_when_training() -> None:
             for _ in range(1200):
@@ -201,9 +244,137 @@ def test_a_node_killed_mid_round_follows_the_failure_policy(tmp_path, caplog, mo
                 *_flower_args(fed, round_timeout=120),
             )  # fmt: skip
         killer.join(timeout=5)
+        stranger = fed.refused_node()
+    assert "Failed to initialize the connection to the SuperLink" in stranger
     assert [int(r["round"]) for r in rows] == [1, 2]
     lost = {cid for results in seen for cid, r in results.items() if isinstance(r, WorkerLost)}
     ok = {cid for results in seen for cid, r in results.items() if isinstance(r, FitResult)}
     assert lost and all(cid % 2 == 1 for cid in lost)  # only node 1's clients were lost
     assert ok and all(cid % 2 == 0 for cid in ok)
     assert "failed and are left out" in caplog.text
+
+
+def test_a_federation_without_tls_refuses_node_authentication():
+    with pytest.raises(ValueError, match="needs TLS"):
+        LocalFederation(node_auth=True)
+
+
+def test_the_warm_worker_answers_refuses_strangers_and_leaves_with_its_owner(tmp_path):
+    """The worker a SuperNode's ClientApp forwards to: answers a query with the node's clients,
+    reports a failing request with its traceback, refuses a wrong key, and exits (removing its
+    socket and key) when the process that owns it is gone."""
+    import subprocess
+    import sys
+    import time
+    from multiprocessing.connection import AuthenticationError, Client
+
+    from flwr.app import ConfigRecord, RecordDict
+
+    owner = subprocess.Popen(["sleep", "600"])
+    address, key = tmp_path / "w.sock", tmp_path / "w.key"
+    key.write_bytes(b"k" * 32)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "fedlightning.flower_app.worker", str(address), str(key),
+         str(owner.pid)]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not address.exists():
+            assert worker.poll() is None and time.monotonic() < deadline, "worker did not listen"
+            time.sleep(0.1)
+        query = RecordDict({"query": ConfigRecord({"num_clients": 5})})
+        with Client(str(address), family="AF_UNIX", authkey=b"k" * 32) as connection:
+            connection.send(("query", query, {"partition-id": 1, "num-partitions": 2}))
+            status, reply = connection.recv()
+        assert status == "ok" and list(reply.config_records["served"]["client_ids"]) == [1, 3]
+        with Client(str(address), family="AF_UNIX", authkey=b"k" * 32) as connection:
+            connection.send(("evaluate", query, {}))
+            status, text = connection.recv()
+        assert status == "error" and "KeyError: 'evaluate'" in text
+        with pytest.raises(AuthenticationError):
+            Client(str(address), family="AF_UNIX", authkey=b"x" * 32)
+        owner.kill()
+        owner.wait()
+        assert worker.wait(timeout=30) == 0
+        assert not address.exists() and not key.exists()
+    finally:
+        for process in (owner, worker):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def _readme_flower_commands() -> list[str]:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## From simulation to a Flower deployment", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [line.strip() for line in block.splitlines() if line.strip()[:1] not in ("", "#")]
+
+
+@pytest.mark.slow
+def test_the_readme_two_machine_commands_run_on_localhost(tmp_path, monkeypatch):
+    """The README's deployment commands, as written but with both machines on 127.0.0.1 (free
+    ports, data roots in a temporary directory, one round): the run's global.pt equals the
+    sequential backend's."""
+    import shlex
+    from pathlib import Path
+
+    from fedlightning.cli import main
+    from fedlightning.flower_app.local import free_port, wait_listening
+
+    root = Path(__file__).parents[1]
+    commands = [shlex.split(c) for c in _readme_flower_commands()]
+    assert [c[0] for c in commands] == [
+        "flower-superlink", "flower-supernode", "flower-supernode", "fedlightning",
+    ]  # fmt: skip
+    link_port = free_port()
+
+    def local(words: list[str]) -> list[str]:
+        out = []
+        for word in words:
+            for machine in ("0.0.0.0", "10.0.0.1", "10.0.0.2"):
+                word = word.replace(machine, "127.0.0.1")
+            word = word.replace("127.0.0.1:8000", f"127.0.0.1:{link_port}")
+            out.append(word.replace('data-root="/data/', f'data-root="{tmp_path}/'))
+        return out
+
+    monkeypatch.chdir(root)
+    with LocalFederation(start_flower=False) as fed:
+        link, node_a, node_b, fit = (local(c) for c in commands)
+        link[link.index("--port") + 1] = str(link_port)
+        process, log = fed.start("superlink", link)
+        wait_listening(link_port, fed.timeout, process, log)
+        for i, node in enumerate((node_a, node_b)):
+            port = free_port()
+            node[node.index("--port") + 1] = str(port)
+            process, log = fed.start(f"supernode{i}", [*node, "--host", "127.0.0.1"])
+            wait_listening(port, fed.timeout, process, log)
+        extra = ["--loop.rounds", "1", "--loop.progress_bar", "false"]
+        sys_argv = ["fedlightning"]
+        monkeypatch.setattr("sys.argv", sys_argv)
+        main([*fit[1:], *extra, "--loop.run_dir", str(tmp_path / "flower")])
+    monkeypatch.setattr("sys.argv", ["fedlightning"])
+    main(["fit", "--config", "configs/quickstart.yaml", *extra, "--loop.run_dir",
+          str(tmp_path / "seq")])  # fmt: skip
+    assert (tmp_path / "flower" / "global.pt").read_bytes() == (
+        tmp_path / "seq" / "global.pt"
+    ).read_bytes()
+
+
+@pytest.mark.slow
+def test_the_overhead_benchmark_runs_and_checks_equality():
+    """``benchmarks/flower_overhead.py`` (README) runs and its Flower run equals the sequential."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    done = subprocess.run(
+        [sys.executable, "benchmarks/flower_overhead.py", "--rounds", "1", "--threads", "1"],
+        cwd=root, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "global.pt byte-identical: True" in done.stdout
+    assert "flower" in done.stdout and "ratio" in done.stdout

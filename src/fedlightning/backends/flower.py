@@ -1,11 +1,14 @@
 """Flower backend (``loop.backend: FlowerBackend``): client fits on SuperNodes of a Flower
 deployment, the fedlightning loop staying the server.
 
-Each round, every :class:`~fedlightning.protocol.ClientJob` becomes a Flower ``Message``
-(:mod:`fedlightning.flower_app.records`: weights, payload extras and client state as
-ArrayRecord/ConfigRecord) sent through the SuperLink to the SuperNode serving that client; the
-SuperNode's ClientApp (:mod:`fedlightning.flower_app.client`) fits it with
-:class:`~fedlightning.fit.ClientFitter` on its own data and replies with the upload.
+Each round, the :class:`~fedlightning.protocol.ClientJob` s of the clients one SuperNode serves
+become one Flower ``Message`` (:mod:`fedlightning.flower_app.records`: weights, payload extras and
+client state as ArrayRecord/ConfigRecord) sent through the SuperLink to that SuperNode; its
+ClientApp (:mod:`fedlightning.flower_app.client`) fits them one after another with
+:class:`~fedlightning.fit.ClientFitter` on its own data and replies with the uploads. One message
+per node and round, not per client: Flower 1.41's SuperNode handles one message at a time, each in
+a fresh ``flwr-clientapp`` process that imports torch and Lightning and builds the data module, and
+sleeps 3 s whenever it finds no message waiting.
 
 How the loop reaches the SuperLink: Flower hands a ``Grid`` only to a ServerApp, so ``start``
 submits a small relay ServerApp with ``flwr run`` (the connection ``address``, ``insecure`` and
@@ -18,7 +21,8 @@ Which node fits which client: each SuperNode's node config (``partition-id``/``n
 ``client-ids``, :mod:`fedlightning.flower_app.client`); ``start`` waits up to ``connect_timeout``
 for SuperNodes covering every client id. Failures: a fit that raises on a node comes back as a
 :class:`RemoteClientError` with the node's traceback; a node that gives no reply within
-``round_timeout`` (killed, disconnected) or a Flower-level error is :class:`WorkerLost`, which the
+``round_timeout`` (killed, disconnected) or a Flower-level error is :class:`WorkerLost` for
+each of its clients of the round, which the
 loop's failure policy treats as a client failure, never as a bug. A lost node is asked again which
 clients it serves when the SuperLink lists it again.
 
@@ -184,11 +188,11 @@ class FlowerBackend(Backend):
 
     # -- rounds ----------------------------------------------------------------------------------
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
-        from fedlightning.flower_app.records import job_content, read_result
+        from fedlightning.flower_app.records import jobs_content, read_result
 
         self._refresh(self.round_timeout)
         results: RoundResults = {}
-        requests, sent = [], []
+        batches: dict[int, list[ClientJob]] = {}  # node -> its clients' jobs, in job order
         for job in jobs:
             nodes = [n for n in sorted(self.served) if job.client_id in self.served[n]]
             if not nodes:
@@ -196,29 +200,33 @@ class FlowerBackend(Backend):
                     f"no connected SuperNode serves client {job.client_id}"
                 )
                 continue
-            node = nodes[job.client_id % len(nodes)]
-            requests.append((node, job_content(job, self.config, self.spec)))
-            sent.append((job, node))
+            batches.setdefault(nodes[job.client_id % len(nodes)], []).append(job)
+        requests = [
+            (node, jobs_content(batch, self.config, self.spec)) for node, batch in batches.items()
+        ]
         replies = (
             self.transport.exchange("train", str(round_index), requests, self.round_timeout)
             if requests
             else []
         )
-        for (job, node), reply in zip(sent, replies, strict=True):
-            cid = job.client_id
+        for (node, batch), reply in zip(batches.items(), replies, strict=True):
             if isinstance(reply, str):
                 self.served.pop(node, None)  # asked again when listed again
-                results[cid] = WorkerLost(f"client {cid} on SuperNode {node}: {reply}")
-                continue
-            result = read_result(reply, list(job.payload.weights))
-            if isinstance(result, dict):
-                error = RemoteClientError(
-                    f"client {cid} on SuperNode {node} raised {result['type']}: {result['message']}"
-                )
-                error.traceback = result["traceback"]  # type: ignore[attr-defined]
-                results[cid] = error
-            else:
-                results[cid] = result
+            for job in batch:
+                cid = job.client_id
+                if isinstance(reply, str):
+                    results[cid] = WorkerLost(f"client {cid} on SuperNode {node}: {reply}")
+                    continue
+                result = read_result(reply, cid, list(job.payload.weights))
+                if isinstance(result, dict):
+                    error = RemoteClientError(
+                        f"client {cid} on SuperNode {node} raised {result['type']}: "
+                        f"{result['message']}"
+                    )
+                    error.traceback = result["traceback"]  # type: ignore[attr-defined]
+                    results[cid] = error
+                else:
+                    results[cid] = result
         # the global RNG as a sequential round leaves it: seeded for the last client's fit
         if jobs:
             seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))

@@ -1,4 +1,7 @@
-"""The fedlightning ClientApp: what each SuperNode runs.
+"""What a SuperNode does with fedlightning's messages: :func:`query_reply` and
+:func:`train_reply`, run by the node's warm worker (:mod:`fedlightning.flower_app.worker`, which
+the ClientApp of every app fedlightning writes forwards to); ``app`` is a ClientApp running them
+in the ``flwr-clientapp`` process itself (it then loads torch and Lightning for every message).
 
 A SuperNode serves the clients its node config names (``flower-supernode --node-config ...``):
 
@@ -10,11 +13,12 @@ A SuperNode serves the clients its node config names (``flower-supernode --node-
 Optional ``data-root="/path"`` replaces the data module's ``root`` (where this node's data lives).
 
 A ``query`` message asks which of ``num_clients`` client ids the node serves; a ``train`` message
-carries one :class:`~fedlightning.protocol.ClientJob` (:mod:`fedlightning.flower_app.records`).
-The node builds the client module and the data module once from the job's spec (class paths and
-init args, the server's own; the node's ``data-root`` applied) and fits the client with
-:class:`~fedlightning.fit.ClientFitter`, exactly as the sequential backend does; the reply is the
-upload, or the fit's exception and traceback.
+carries the :class:`~fedlightning.protocol.ClientJob` s of one round that this node serves
+(:mod:`fedlightning.flower_app.records`). The ClientApp builds the client module and the data
+module once from the spec (class paths and init args, the server's own; the node's ``data-root``
+applied) and fits the clients one after another with :class:`~fedlightning.fit.ClientFitter`,
+exactly as the sequential backend does; the reply holds each client's upload, or its fit's
+exception and traceback (one client's failure leaves the others' fits alone).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedlightning.flower_app.records import error_content, read_job, result_content
-from fedlightning.protocol import FitConfig
+from fedlightning.flower_app.records import read_jobs, results_content
+from fedlightning.protocol import FitConfig, FitResult
 
 app = ClientApp()
 
@@ -75,31 +79,45 @@ def _objects(spec: dict[str, Any], node_config: dict[str, Any], config: FitConfi
     return _BUILT["model"], _BUILT["dm"], fitter
 
 
+def query_reply(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    """The reply to a ``query`` message: the client ids this node serves."""
+    num_clients = int(content.config_records["query"]["num_clients"])  # type: ignore[arg-type]
+    ids = served_clients(node_config, num_clients)
+    return RecordDict({"served": ConfigRecord({"client_ids": ids or [-1]})})
+
+
+def train_reply(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
+    """The reply to a ``train`` message: fit every client job in it, in order; each upload or
+    exception."""
+    from fedlightning.training import cpu_compute, quiet_lightning
+
+    outcomes: dict[int, FitResult | tuple[BaseException, str]] = {}
+    try:
+        jobs, config, spec = read_jobs(content)
+    except Exception as error:  # noqa: BLE001  (reported for every client of the message)
+        ids = content.config_records["jobs"]["client_ids"]  # type: ignore[union-attr]
+        failed = (error, traceback.format_exc())
+        return results_content({int(c): failed for c in ids})  # type: ignore[union-attr]
+    for job in jobs:
+        try:
+            num_clients = int(spec["data"]["init_args"].get("num_clients", job.client_id + 1))
+            if job.client_id not in served_clients(node_config, num_clients):
+                raise LookupError(f"this SuperNode does not serve client {job.client_id}")
+            with cpu_compute(config.num_threads, config.onednn), quiet_lightning():
+                model, datamodule, fitter = _objects(spec, node_config, config)
+                outcomes[job.client_id] = fitter.fit(model, datamodule, job)
+        except Exception as error:  # noqa: BLE001  (the server's failure policy decides)
+            outcomes[job.client_id] = (error, traceback.format_exc())
+    return results_content(outcomes)
+
+
 @app.query()
 def query(message: Message, context: Context) -> Message:
     """Reply with the client ids this node serves."""
-    num_clients = int(message.content.config_records["query"]["num_clients"])  # type: ignore[arg-type]
-    ids = served_clients(dict(context.node_config), num_clients)
-    return Message(
-        RecordDict({"served": ConfigRecord({"client_ids": ids or [-1]})}), reply_to=message
-    )
+    return Message(query_reply(message.content, dict(context.node_config)), reply_to=message)
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    """Fit the message's client job; reply with the upload or the exception."""
-    from fedlightning.training import cpu_compute, quiet_lightning
-
-    try:
-        job, config, spec = read_job(message.content)
-        node_config = dict(context.node_config)
-        num_clients = int(spec["data"]["init_args"].get("num_clients", job.client_id + 1))
-        if job.client_id not in served_clients(node_config, num_clients):
-            raise LookupError(f"this SuperNode does not serve client {job.client_id}")
-        with cpu_compute(config.num_threads, config.onednn), quiet_lightning():
-            model, datamodule, fitter = _objects(spec, node_config, config)
-            result = fitter.fit(model, datamodule, job)
-        content = result_content(result)
-    except Exception as error:  # noqa: BLE001  (the server's failure policy decides)
-        content = error_content(error, traceback.format_exc())
-    return Message(content, reply_to=message)
+    """Fit the message's client jobs; reply with each upload or exception."""
+    return Message(train_reply(message.content, dict(context.node_config)), reply_to=message)

@@ -20,7 +20,10 @@ from typing import Any
 
 from fedlightning.backends.base import WorkerLost
 from fedlightning.errors import ConfigurationError
-from fedlightning.flower_app.export import write_pyproject
+from fedlightning.flower_app.export import warm_client_source, write_pyproject
+
+#: relay.py's import of the transport, replaced in the relay app's copy
+RELAY_IMPORT = "from fedlightning.flower_app.transport import GridTransport"
 
 
 class RelayTransport:
@@ -65,6 +68,20 @@ class RelayTransport:
         self.connection.close()
 
 
+def write_relay_modules(app: Path) -> None:
+    """Copy the relay ServerApp and the Grid transport into the relay app as top-level modules
+    (``fedlightning_relay``, ``fedlightning_transport``): the ServerApp process then imports
+    ``flwr`` and these two files only, not the fedlightning package (whose import loads
+    Lightning: seconds at every run's start)."""
+    here = Path(__file__).parent
+    (app / "fedlightning_transport.py").write_text((here / "transport.py").read_text())
+    relay = (here / "relay.py").read_text()
+    lean = relay.replace(RELAY_IMPORT, "from fedlightning_transport import GridTransport")
+    if lean == relay:
+        raise RuntimeError(f"relay.py no longer says {RELAY_IMPORT!r}")
+    (app / "fedlightning_relay.py").write_text(lean)
+
+
 def start_relay(backend: Any) -> tuple[RelayTransport, str]:
     """Submit the relay ServerApp with ``flwr run`` to ``backend.address`` and wait for it to
     connect back; the transport and the temporary directory to remove after the run."""
@@ -81,13 +98,11 @@ def _submit(backend: Any, tmp: str) -> Connection:
     listener = Listener((backend.relay_host, 0), authkey=key)
     app = Path(tmp) / "relay"
     write_pyproject(
-        app, "fedlightning-relay", "fedlightning.flower_app.relay:app",
-        "fedlightning.flower_app.client:app",
+        app, "fedlightning-relay", "fedlightning_relay:app", "fedlightning_client:app",
         {"relay-address": f"{backend.relay_host}:{listener.address[1]}", "relay-key": key.hex()},
     )  # fmt: skip
-    (app / "fedlightning_relay.py").write_text(
-        '"""fedlightning relay app (components in fedlightning)."""\n'
-    )
+    (app / "fedlightning_client.py").write_text(warm_client_source())
+    write_relay_modules(app)
     home = Path(tmp) / "flwr-home"
     home.mkdir()
     connection = {"address": backend.address, "insecure": backend.insecure}

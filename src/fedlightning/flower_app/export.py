@@ -4,9 +4,9 @@ The app directory holds ``pyproject.toml`` (the Flower App: components and run c
 config (``fedlightning.yaml``) and two small modules: ``fedlightning_app/server_app.py`` runs the
 whole :class:`~fedlightning.loop.FederatedLoop` inside the ServerApp with the
 :class:`~fedlightning.backends.flower.FlowerBackend` on the Grid Flower gives it, and
-``fedlightning_app/client_app.py`` is the fedlightning ClientApp
-(:mod:`fedlightning.flower_app.client`). Run it with ``flwr run <dir> <superlink-connection>``
-against a SuperLink whose SuperNodes serve the clients (node config ``partition-id``/
+``fedlightning_app/client_app.py`` is the fedlightning ClientApp (a copy of
+:mod:`fedlightning.flower_app.warm_client`: each SuperNode fits in a warm worker process). Run it
+with ``flwr run <dir> <superlink-connection>`` against a SuperLink whose SuperNodes serve the clients (node config ``partition-id``/
 ``num-partitions`` or ``client-ids``; ``data-root`` for the node's data). Every machine needs
 ``pip install 'fedlightning[flower]'``.
 """
@@ -51,13 +51,11 @@ from fedlightning.flower_app import server
 app = server.app
 '''
 
-CLIENT_APP = '''\
-"""ClientApp: fedlightning client fits on this SuperNode (written by `fedlightning flower-app`)."""
 
-from fedlightning.flower_app import client
-
-app = client.app
-'''
+def warm_client_source() -> str:
+    """The ClientApp module every app fedlightning writes carries
+    (:mod:`fedlightning.flower_app.warm_client`: forwards messages to the node's warm worker)."""
+    return (Path(__file__).parent / "warm_client.py").read_text()
 
 
 def write_pyproject(
@@ -99,7 +97,7 @@ def write_app(
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text('"""A fedlightning run as a Flower App."""\n')
     (package / "server_app.py").write_text(SERVER_APP)
-    (package / "client_app.py").write_text(CLIENT_APP)
+    (package / "client_app.py").write_text(warm_client_source())
     (out / "fedlightning.yaml").write_text(config.read_text())
     write_pyproject(
         out,

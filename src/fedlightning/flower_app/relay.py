@@ -5,7 +5,10 @@ The backend starts this ServerApp on the SuperLink with ``flwr run`` (Flower's p
 ``Grid``) and listens on ``relay-address`` (run config); the ServerApp connects back with the
 one-run ``relay-key`` (``multiprocessing.connection``: authenticated, HMAC challenge) and runs the
 :class:`~fedlightning.flower_app.transport.GridTransport` calls the backend asks for, until the
-backend says ``stop`` or goes away. It holds no model and makes no decisions.
+backend says ``stop`` or goes away. It holds no model and makes no decisions. The relay app
+carries a copy of this module and of :mod:`fedlightning.flower_app.transport` as top-level
+modules (:func:`fedlightning.flower_app.connect.write_relay_modules`), so that its process imports
+only ``flwr``, not the fedlightning package.
 """
 
 from __future__ import annotations
