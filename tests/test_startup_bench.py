@@ -32,7 +32,7 @@ def test_overhead_benchmark_prints_whole_process_and_rounds_only_columns():
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FederatedLoop vs hand-written PyTorch" in done.stdout
-    header = re.search(r"│\s*whole s\s*│\s*rounds s\s*│\s*outside s\s*│", done.stdout)
+    header = re.search(r"┃\s*whole s\s*┃\s*rounds s\s*┃\s*outside s\s*┃", done.stdout)
     assert header, done.stdout
     ratio = re.search(r"ratio\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)", done.stdout)
     assert ratio and all(float(value) > 0 for value in ratio.groups()), done.stdout
