@@ -34,9 +34,16 @@ Cases:
   tiny: MLP on digits, 20 clients x 20 local steps per round (overhead-bound).
   cnn:  the FedAvg CNN on synthetic 3x32x32 data, 20 clients x 250 samples, batch 50 (compute-bound).
 
+Whole process against rounds only (CPU runs): a second table runs the quickstart as fresh processes,
+``fedlightning fit`` against the same work written by hand (``benchmarks/startup.py``, whose
+docstring defines the columns): ``whole s`` (interpreter start, imports, data, set-up, rounds,
+results, exit), ``rounds s`` (inside the rounds) and ``outside s`` (their difference, the front
+door's cost), each with its ratio. ``--process-rounds 0`` leaves it out.
+
     python benchmarks/overhead.py                 # both cases, 3 rounds each, CPU
     python benchmarks/overhead.py --case tiny --rounds 5 --repeats 3 --threads 1
     python benchmarks/overhead.py --onednn on     # oneDNN CPU kernels on both sides
+    python benchmarks/overhead.py --case tiny --process-rounds 0   # in-process table only
     python benchmarks/overhead.py --accelerator cuda --precision bf16-mixed --repeats 3
     python benchmarks/overhead.py --accelerator cuda --precision 32-true --repeats 3
 """
@@ -63,6 +70,7 @@ from fedlightning.data.loader import TensorBatches
 from fedlightning.loop import sample_clients
 from fedlightning.seeding import derive_seed
 from fedlightning.training import cpu_compute
+from startup import measure as measure_processes
 
 
 @dataclass
@@ -280,6 +288,10 @@ def main() -> None:
     parser.add_argument(
         "--matmul-size", type=int, default=None, help="matmul of the rate (1024 CPU, 8192 CUDA)"
     )
+    parser.add_argument(
+        "--process-rounds", type=int, default=30,
+        help="rounds of the whole-process table (the quickstart: 30; 0 leaves the table out)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.accelerator == "cuda" and not torch.cuda.is_available():
         parser.error("--accelerator cuda: no CUDA device is available")
@@ -329,6 +341,13 @@ def main() -> None:
                       f"{loop_time / hand_time:.2f}", f"{floor:.2e}", f"{_times(hand_time / floor)}",
                       f"{_times(loop_time / floor)}", f"{diff:.1e}")  # fmt: skip
     Console(width=150).print(table)
+    if args.process_rounds > 0 and device.type == "cpu":
+        processes, imports = measure_processes(
+            args.process_rounds, args.repeats, args.threads or torch.get_num_threads()
+        )
+        Console(width=150).print(processes)
+        for line in imports:
+            print(line)
 
 
 def _times(ratio: float) -> str:

@@ -72,6 +72,38 @@ def import_time(env: dict[str, str], modules: str) -> float:
     return time.perf_counter() - start
 
 
+def measure(rounds: int, repeats: int, threads: int) -> tuple[Table, list[str]]:
+    """Run both sides ``repeats`` times (alternating); the table of medians and the import lines."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = (
+        src + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else src
+    )
+    samples: dict[str, list[tuple[float, float]]] = {"fedlightning fit": [], "hand-written": []}
+    imports: dict[str, list[float]] = {"fedlightning.cli": [], "torch, sklearn.datasets": []}
+    for _ in range(repeats):
+        samples["fedlightning fit"].append(run_fedlightning(rounds, env))
+        samples["hand-written"].append(run_by_hand(rounds, env))
+        for modules, times in imports.items():
+            times.append(import_time(env, modules))
+    medians = {
+        name: tuple(statistics.median(s[i] for s in runs) for i in (0, 1))
+        for name, runs in samples.items()
+    }
+    table = Table(title=f"quickstart start-up ({rounds} rounds, median of {repeats})")
+    for column in ("", "whole s", "rounds s", "outside s"):
+        table.add_column(column, justify="right")
+    for name, (whole, rounds_s) in medians.items():
+        table.add_row(name, f"{whole:.2f}", f"{rounds_s:.2f}", f"{whole - rounds_s:.2f}")
+    (fw, fr), (hw, hr) = medians["fedlightning fit"], medians["hand-written"]
+    table.add_row("ratio", f"{fw / hw:.2f}", f"{fr / hr:.2f}", f"{(fw - fr) / (hw - hr):.2f}")
+    lines = [
+        f"a process that only imports {modules}: {statistics.median(times):.2f} s"
+        for modules, times in imports.items()
+    ]
+    return table, lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -80,32 +112,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="OMP/torch threads on both sides")
     args = parser.parse_args()
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    src = str(ROOT / "src")
-    env["PYTHONPATH"] = (
-        src + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else src
-    )
-    samples: dict[str, list[tuple[float, float]]] = {"fedlightning fit": [], "hand-written": []}
-    imports: dict[str, list[float]] = {"fedlightning.cli": [], "torch, sklearn.datasets": []}
-    for _ in range(args.repeats):
-        samples["fedlightning fit"].append(run_fedlightning(args.rounds, env))
-        samples["hand-written"].append(run_by_hand(args.rounds, env))
-        for modules, times in imports.items():
-            times.append(import_time(env, modules))
-    medians = {
-        name: tuple(statistics.median(s[i] for s in runs) for i in (0, 1))
-        for name, runs in samples.items()
-    }
-    table = Table(title=f"quickstart start-up ({args.rounds} rounds, median of {args.repeats})")
-    for column in ("", "whole s", "rounds s", "outside s"):
-        table.add_column(column, justify="right")
-    for name, (whole, rounds_s) in medians.items():
-        table.add_row(name, f"{whole:.2f}", f"{rounds_s:.2f}", f"{whole - rounds_s:.2f}")
-    (fw, fr), (hw, hr) = medians["fedlightning fit"], medians["hand-written"]
-    table.add_row("ratio", f"{fw / hw:.2f}", f"{fr / hr:.2f}", f"{(fw - fr) / (hw - hr):.2f}")
+    table, lines = measure(args.rounds, args.repeats, args.threads)
     Console(width=100).print(table)
-    for modules, times in imports.items():
-        print(f"a process that only imports {modules}: {statistics.median(times):.2f} s")
+    for line in lines:
+        print(line)
 
 
 if __name__ == "__main__":

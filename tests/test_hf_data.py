@@ -4,6 +4,8 @@ Each test writes a tiny data set itself (``Dataset.from_dict(...).save_to_disk(.
 an image folder); nothing downloads. Flower tests are skipped when flwr-datasets is missing.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -165,3 +167,34 @@ def test_flower_options_are_checked(on_disk):
     )  # fmt: skip
     with pytest.raises(ConfigurationError, match="not arguments of DirichletPartitioner"):
         dm.setup()
+
+
+def test_flower_shard_partitioner_leaks_no_pyarrow_deprecation(on_disk):
+    """ShardPartitioner sorts with pyarrow, whose FutureWarning about SortOptions' null_placement
+    a user cannot act on: it is filtered around Flower's partitioning, other warnings pass."""
+    pytest.importorskip("flwr_datasets")
+    from fedlightning.data.flower import _quiet_pyarrow_sort
+
+    dm = FederatedDataModule(
+        dataset="huggingface", root=str(on_disk), num_clients=WRITERS, partition="flwr.shard",
+        partition_options=FLOWER_OPTIONS["flwr.shard"], val_fraction=0.0, seed=3,
+        source_options={"image_column": "pixels", "label_column": "digit"},
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm.setup()
+    assert not [w for w in caught if "null_placement" in str(w.message)]
+    assert sum(len(idx) for idx in dm._train_idx) == 240
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _quiet_pyarrow_sort():
+            for message, category in [
+                ("Specifying null_placement in SortOptions is deprecated", FutureWarning),
+                ("Specifying null_placement in SortOptions is deprecated", UserWarning),
+                ("another deprecation", FutureWarning),
+            ]:
+                warnings.warn(message, category, stacklevel=1)
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (UserWarning, "Specifying null_placement in SortOptions is deprecated"),
+        (FutureWarning, "another deprecation"),
+    ]

@@ -12,13 +12,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from fedlightning.gc_tuning import freeze_imported, gc_paused
 
-from fedlightning.cli_help import PlainHelpFormatter, print_fit_usage, print_overview, version
-from fedlightning.clients.base import ClientModule
-from fedlightning.data.datamodule import FederatedDataModule
-from fedlightning.errors import ConfigurationError, RunStopped, StorageError
-from fedlightning.loop import ClientBug, FederatedLoop
+with gc_paused():  # see fedlightning.gc_tuning
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+    from fedlightning.cli_help import PlainHelpFormatter, print_fit_usage, print_overview, version
+    from fedlightning.clients.base import ClientModule
+    from fedlightning.data.datamodule import FederatedDataModule
+    from fedlightning.errors import ConfigurationError, RunStopped, StorageError
+    from fedlightning.loop import ClientBug, FederatedLoop
 
 #: the model's sizes, linked from the data module
 LINKED_SIZES = ("num_classes", "in_channels", "image_size")
@@ -154,6 +157,8 @@ def main(args: list[str] | None = None) -> None:
     (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
     pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop;
     ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`)."""
+    if args is None:  # the `fedlightning` process itself (not a call from Python, e.g. a test)
+        freeze_imported()  # its imports live as long as it does (fedlightning.gc_tuning)
     argv = sys.argv[1:] if args is None else list(args)
     if not argv or argv[0] in ("-h", "--help"):
         print_overview()

@@ -14,6 +14,9 @@ fedlightning's. Needs ``flwr-datasets`` (``pip install flwr-datasets``).
 from __future__ import annotations
 
 import inspect
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -32,6 +35,20 @@ FLOWER_PARTITIONERS = {
     "flwr.exponential": "ExponentialPartitioner",
     "flwr.inner_dirichlet": "InnerDirichletPartitioner",
 }
+
+
+#: pyarrow >= 25 deprecates the ``null_placement`` argument of ``SortOptions`` that Flower
+#: Datasets' sorting partitioners (``ShardPartitioner``) pass; a user cannot act on it
+PYARROW_SORT_DEPRECATION = r"Specifying null_placement in SortOptions is deprecated"
+
+
+@contextmanager
+def _quiet_pyarrow_sort() -> Iterator[None]:
+    """Ignore pyarrow's FutureWarning about ``SortOptions(null_placement=...)`` (by message and
+    category) around Flower's partitioning; any other warning passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PYARROW_SORT_DEPRECATION, category=FutureWarning)
+        yield
 
 
 def flower_available() -> bool:
@@ -89,11 +106,12 @@ def flower_partition(
     try:
         partitioner = kind(**kwargs)
         partitioner.dataset = datasets.Dataset.from_dict(columns)
-        count = partitioner.num_partitions
-        parts = [
-            np.sort(np.asarray(partitioner.load_partition(i)["position"], dtype=np.int64))
-            for i in range(count)
-        ]
+        with _quiet_pyarrow_sort():
+            count = partitioner.num_partitions
+            parts = [
+                np.sort(np.asarray(partitioner.load_partition(i)["position"], dtype=np.int64))
+                for i in range(count)
+            ]
     except (ValueError, TypeError) as error:
         raise ConfigurationError(f"data.partition={name!r} ({kind.__name__}): {error}") from error
     if name == "flwr.natural_id":

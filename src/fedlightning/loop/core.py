@@ -20,37 +20,19 @@ from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
-from fedlightning.data.validation import validate_datamodule
-from fedlightning.errors import ConfigurationError, RunStopped, require
+from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.fit import fabric_for
-from fedlightning.loop.checkpoint import (
-    atomic_save,
-    make_checkpoint,
-    read_checkpoint,
-    remove_stale_temporaries,
-    restore_rng,
-)
-from fedlightning.loop.checks import check_accelerator, check_seed
+from fedlightning.loop.checkpoint import atomic_save, make_checkpoint, read_checkpoint
 from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
-from fedlightning.loop.identity import compare_identity, run_identity
-from fedlightning.loop.initial_states import independent_states
-from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.reporting import Reporter
-from fedlightning.loop.rundir import (
-    RunDirectory,
-    check_run_dir,
-    interrupted,
-    resumes_in,
-    storage_error,
-)
-from fedlightning.loop.sampling import clients_per_round, sample_clients
-from fedlightning.loop.server_device import ServerDevice
+from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
+from fedlightning.loop.sampling import sample_clients
+from fedlightning.loop.startup import PRECISIONS, check_arguments, open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import ClientJob, FitConfig
-from fedlightning.run_config import write_run_config
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.state import ClientStore
@@ -58,7 +40,7 @@ from fedlightning.training import cpu_compute, quiet_lightning
 
 log = logging.getLogger("fedlightning")
 
-PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true")
+__all__ = ["PRECISIONS", "FederatedLoop"]
 
 
 class FederatedLoop:
@@ -160,64 +142,7 @@ class FederatedLoop:
         target_acc: float | None = None,
     ) -> None:
         self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
-        check_seed(seed)
-        require(
-            run_dir is None or bool(str(run_dir).strip()),
-            "loop.run_dir", run_dir, "a directory path (an empty one would write into the current folder)",
-        )  # fmt: skip
-        require(log_every >= 1, "loop.log_every", log_every, "an integer >= 1")
-        require(
-            0 <= max_skipped_fraction <= 1,
-            "loop.max_skipped_fraction", max_skipped_fraction, "a number in [0, 1]",
-        )  # fmt: skip
-        require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
-        require(
-            clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
-            "loop.clients_per_round", clients_per_round, "an integer >= 1 or a fraction in (0, 1]",
-        )  # fmt: skip
-        require(local_epochs >= 1, "loop.local_epochs", local_epochs, "an integer >= 1")
-        require(
-            local_steps is None or local_steps >= 1,
-            "loop.local_steps", local_steps, "null or an integer >= 1",
-        )  # fmt: skip
-        require(
-            precision in PRECISIONS, "loop.precision", precision, f"one of {', '.join(PRECISIONS)}"
-        )
-        require(devices == 1, "loop.devices", devices, "1 (each client fit uses one device)")
-        require(eval_every >= 1, "loop.eval_every", eval_every, "an integer >= 1")
-        require(checkpoint_every >= 1, "loop.checkpoint_every", checkpoint_every, "an integer >= 1")
-        require(min_clients >= 1, "loop.min_clients", min_clients, "an integer >= 1")
-        require(
-            on_round_failure in ("skip", "stop"),
-            "loop.on_round_failure", on_round_failure, "'skip' or 'stop'",
-        )  # fmt: skip
-        require(
-            client_state in ("memory", "disk"),
-            "loop.client_state",
-            client_state,
-            "'memory' or 'disk'",
-        )
-        require(fit_with in ("auto", "trainer"), "loop.fit_with", fit_with, "'auto' or 'trainer'")
-        require(
-            gradient_clip_val is None or gradient_clip_val > 0,
-            "loop.gradient_clip_val", gradient_clip_val, "null or a number > 0",
-        )  # fmt: skip
-        require(
-            gradient_clip_algorithm in ("norm", "value"),
-            "loop.gradient_clip_algorithm", gradient_clip_algorithm, "'norm' or 'value'",
-        )  # fmt: skip
-        require(
-            num_threads is None or num_threads >= 1,
-            "loop.num_threads", num_threads, "null or an integer >= 1",
-        )  # fmt: skip
-        require(
-            target_acc is None or 0.0 < target_acc <= 1.0,
-            "loop.target_acc", target_acc, "null or an accuracy in (0, 1]",
-        )  # fmt: skip
-        require(
-            backend is None or isinstance(backend, Backend),
-            "loop.backend", backend, "a Backend (AutoBackend, SequentialBackend, CohortBackend, RayBackend)",
-        )  # fmt: skip
+        check_arguments(**self.init_args)
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.aggregator = aggregator if aggregator is not None else FedAvg()
@@ -276,47 +201,7 @@ class FederatedLoop:
             raise ConfigurationError(
                 "FederatedLoop.fit needs a FederatedDataModule as `datamodule`"
             )
-        datamodule.setup("fit")
-        per_round = clients_per_round(
-            self.clients_per_round, datamodule.num_clients, self.min_clients
-        )
-        check_pairing(model, self.aggregator, self.precision)
-        classes = getattr(model, "num_classes", None)
-        if classes is not None and classes < datamodule.num_classes:
-            raise ConfigurationError(
-                f"model num_classes={classes} but the {datamodule.dataset!r} labels run up to "
-                f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
-            )
-        check_accelerator(self.fit_config.accelerator)
-        self.backend.check(model, self.fit_config)
-        validate_datamodule(datamodule)
-        model.prepare_clients(datamodule)
-        checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
-        # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
-        # not take over a directory holding another run's results (unless overwrite)
-        resuming = bool(ckpt_path) and resumes_in(ckpt_path, self.run_dir)
-        check_run_dir(self.run_dir, resuming=resuming, overwrite=self.overwrite)
-        initial = {
-            k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()
-        }
-        self.identity = run_identity(
-            model, self.aggregator, initial, datamodule.dataset, datamodule.num_clients,
-            datamodule.partition_hash(), self.seed, self.store.mode,
-        )  # fmt: skip
-        self.server = ServerDevice.for_accelerator(self.fit_config.accelerator)
-        self.aggregator.setup(
-            self.server.place(initial), datamodule.num_clients, self.seed,
-            client_keys=model.client_key_sets(datamodule.num_clients),
-        )  # fmt: skip
-        needed = self.aggregator.initial_states_needed(per_round)
-        if needed:  # e.g. FedCross(independent_init=True): K independently initialised models
-            states = independent_states(model, needed, self.seed)
-            self.aggregator.set_initial_states(self.server.place(states))
-        self._last_checkpoint = None
-        if checkpoint is not None:
-            self._restore(ckpt_path, checkpoint)
-            self._last_checkpoint = (checkpoint["round"], ckpt_path)
-        self.backend.on_client_done = self.reporter.client_done
+        per_round, checkpoint, resuming = prepare_run(self, model, datamodule, ckpt_path)
         overwrite = self.overwrite and checkpoint is None  # a resume rewrites its history itself
         with RunDirectory(self.run_dir, overwrite, resuming=resuming or self.overwrite):
             with (
@@ -341,18 +226,7 @@ class FederatedLoop:
         per_round: int,
         checkpoint: dict[str, Any] | None,
     ) -> dict[str, float]:
-        start_round, wandb_id = 0, None
-        if checkpoint is not None:
-            restore_rng(checkpoint)
-            start_round, wandb_id = checkpoint["round"], checkpoint.get("wandb_id")
-        remove_stale_temporaries(self.run_dir)
-        if self.config_text is not None:  # the CLI's parsed config
-            (self.run_dir / "config.yaml").write_text(self.config_text)
-        else:  # a Python-API run: a description of its loop, model and data
-            write_run_config(self.run_dir / "config.yaml", self, model, dm)
-        dm.save_partition(self.run_dir / "partition.csv")
-        self.reporter.plot_partition(dm)
-        self.reporter.open(self.history, wandb_id, dm)
+        start_round = open_run(self, model, dm, checkpoint)
         fabric = fabric_for(self.fit_config.accelerator, self.precision)  # evaluation's context
         evaluator = Evaluator(fabric.device, fabric.autocast)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
@@ -449,32 +323,6 @@ class FederatedLoop:
             return int(read_checkpoint(str(path))["round"]), str(path)
         except ConfigurationError:
             return self._last_checkpoint
-
-    def _restore(self, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
-        """Check ``checkpoint`` belongs to this run and load its server and client state (its
-        RNG states are restored when the rounds start)."""
-        compare_identity(ckpt_path, checkpoint["identity"], self.identity)
-        try:
-            self.aggregator.load_state_dict(self.server.place(checkpoint["aggregator"]))
-            self.store.load_state_dict(checkpoint["clients"])
-        except ConfigurationError:
-            raise
-        except Exception as error:  # noqa: BLE001 (an inconsistent file, not a bug of this run)
-            raise ConfigurationError(
-                f"ckpt_path={ckpt_path!r} is inconsistent with this run: its state does not load "
-                f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}); "
-                "resume from another checkpoint or start a new run"
-            ) from None
-        self.history = list(checkpoint["history"])
-        meters = checkpoint.get("meters", {})
-        self.communication.load_state_dict(meters.get("communication", {}))
-        self.target.load_state_dict(meters.get("target", {}))
-        rounds_done = checkpoint["round"]
-        if rounds_done >= self.rounds:
-            log.warning(
-                "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
-                rounds_done, self.rounds,
-            )  # fmt: skip
 
 
 def _mean(values: list[float]) -> float:

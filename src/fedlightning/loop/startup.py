@@ -1,0 +1,222 @@
+"""The start-up sequence of a :class:`~fedlightning.loop.core.FederatedLoop` run, in order.
+
+1. :func:`check_arguments`: the loop's options, when it is constructed (a bad value is a
+   ConfigurationError naming the option before anything is read, trained or written).
+2. :func:`prepare_run`, first in ``FederatedLoop.fit``: set up the data module, check that model,
+   aggregator, precision, accelerator, backend and data fit together, read ``ckpt_path``, check
+   the run directory, compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
+   aggregator from the model's initial weights and, when resuming, :func:`restore` the
+   checkpoint's server and client state. Nothing is written yet.
+3. :func:`open_run`, inside the locked run directory: restore the RNG states of a resume, remove
+   stale temporaries, write ``config.yaml``, ``partition.csv`` and ``partition.png``, open the
+   loggers. Returns the first round to run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fedlightning.backends.base import Backend
+from fedlightning.clients.base import ClientModule
+from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.data.validation import validate_datamodule
+from fedlightning.errors import ConfigurationError, require
+from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
+from fedlightning.loop.checks import check_accelerator, check_seed
+from fedlightning.loop.identity import compare_identity, run_identity
+from fedlightning.loop.initial_states import independent_states
+from fedlightning.loop.pairing import check_pairing
+from fedlightning.loop.rundir import check_run_dir, resumes_in
+from fedlightning.loop.sampling import clients_per_round
+from fedlightning.loop.server_device import ServerDevice
+from fedlightning.run_config import write_run_config
+
+if TYPE_CHECKING:
+    from fedlightning.loop.core import FederatedLoop
+
+log = logging.getLogger("fedlightning")
+
+PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true")
+
+
+def check_arguments(
+    *,
+    rounds: int,
+    clients_per_round: int | float,
+    local_epochs: int,
+    local_steps: int | None,
+    backend: Any,
+    precision: str,
+    devices: int,
+    seed: int,
+    eval_every: int,
+    run_dir: str | None,
+    checkpoint_every: int,
+    min_clients: int,
+    on_round_failure: str,
+    client_state: str,
+    fit_with: str,
+    gradient_clip_val: float | None,
+    gradient_clip_algorithm: str,
+    num_threads: int | None,
+    log_every: int,
+    max_skipped_fraction: float,
+    target_acc: float | None,
+    **_: Any,
+) -> None:
+    """Check the FederatedLoop's arguments (the others are checked where they are used)."""
+    check_seed(seed)
+    require(
+        run_dir is None or bool(str(run_dir).strip()),
+        "loop.run_dir", run_dir, "a directory path (an empty one would write into the current folder)",
+    )  # fmt: skip
+    require(log_every >= 1, "loop.log_every", log_every, "an integer >= 1")
+    require(
+        0 <= max_skipped_fraction <= 1,
+        "loop.max_skipped_fraction", max_skipped_fraction, "a number in [0, 1]",
+    )  # fmt: skip
+    require(rounds >= 1, "loop.rounds", rounds, "an integer >= 1")
+    require(
+        clients_per_round > 0 and (isinstance(clients_per_round, int) or clients_per_round <= 1),
+        "loop.clients_per_round", clients_per_round, "an integer >= 1 or a fraction in (0, 1]",
+    )  # fmt: skip
+    require(local_epochs >= 1, "loop.local_epochs", local_epochs, "an integer >= 1")
+    require(
+        local_steps is None or local_steps >= 1,
+        "loop.local_steps", local_steps, "null or an integer >= 1",
+    )  # fmt: skip
+    require(precision in PRECISIONS, "loop.precision", precision, f"one of {', '.join(PRECISIONS)}")
+    require(devices == 1, "loop.devices", devices, "1 (each client fit uses one device)")
+    require(eval_every >= 1, "loop.eval_every", eval_every, "an integer >= 1")
+    require(checkpoint_every >= 1, "loop.checkpoint_every", checkpoint_every, "an integer >= 1")
+    require(min_clients >= 1, "loop.min_clients", min_clients, "an integer >= 1")
+    require(
+        on_round_failure in ("skip", "stop"),
+        "loop.on_round_failure", on_round_failure, "'skip' or 'stop'",
+    )  # fmt: skip
+    require(
+        client_state in ("memory", "disk"),
+        "loop.client_state",
+        client_state,
+        "'memory' or 'disk'",
+    )
+    require(fit_with in ("auto", "trainer"), "loop.fit_with", fit_with, "'auto' or 'trainer'")
+    require(
+        gradient_clip_val is None or gradient_clip_val > 0,
+        "loop.gradient_clip_val", gradient_clip_val, "null or a number > 0",
+    )  # fmt: skip
+    require(
+        gradient_clip_algorithm in ("norm", "value"),
+        "loop.gradient_clip_algorithm", gradient_clip_algorithm, "'norm' or 'value'",
+    )  # fmt: skip
+    require(
+        num_threads is None or num_threads >= 1,
+        "loop.num_threads", num_threads, "null or an integer >= 1",
+    )  # fmt: skip
+    require(
+        target_acc is None or 0.0 < target_acc <= 1.0,
+        "loop.target_acc", target_acc, "null or an accuracy in (0, 1]",
+    )  # fmt: skip
+    require(
+        backend is None or isinstance(backend, Backend),
+        "loop.backend", backend, "a Backend (AutoBackend, SequentialBackend, CohortBackend, RayBackend)",
+    )  # fmt: skip
+
+
+def prepare_run(
+    loop: FederatedLoop,
+    model: ClientModule,
+    datamodule: FederatedDataModule,
+    ckpt_path: str | None,
+) -> tuple[int, dict[str, Any] | None, bool]:
+    """Every check and set-up before the run directory is written to; returns the clients per
+    round, the checkpoint read from ``ckpt_path`` (None: a new run) and whether the run resumes
+    in its own run directory."""
+    datamodule.setup("fit")
+    per_round = clients_per_round(loop.clients_per_round, datamodule.num_clients, loop.min_clients)
+    check_pairing(model, loop.aggregator, loop.precision)
+    classes = getattr(model, "num_classes", None)
+    if classes is not None and classes < datamodule.num_classes:
+        raise ConfigurationError(
+            f"model num_classes={classes} but the {datamodule.dataset!r} labels run up to "
+            f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
+        )
+    check_accelerator(loop.fit_config.accelerator)
+    loop.backend.check(model, loop.fit_config)
+    validate_datamodule(datamodule)
+    model.prepare_clients(datamodule)
+    checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
+    # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
+    # not take over a directory holding another run's results (unless overwrite)
+    resuming = bool(ckpt_path) and resumes_in(ckpt_path, loop.run_dir)
+    check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
+    initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
+    loop.identity = run_identity(
+        model, loop.aggregator, initial, datamodule.dataset, datamodule.num_clients,
+        datamodule.partition_hash(), loop.seed, loop.store.mode,
+    )  # fmt: skip
+    loop.server = ServerDevice.for_accelerator(loop.fit_config.accelerator)
+    loop.aggregator.setup(
+        loop.server.place(initial), datamodule.num_clients, loop.seed,
+        client_keys=model.client_key_sets(datamodule.num_clients),
+    )  # fmt: skip
+    needed = loop.aggregator.initial_states_needed(per_round)
+    if needed:  # e.g. FedCross(independent_init=True): K independently initialised models
+        states = independent_states(model, needed, loop.seed)
+        loop.aggregator.set_initial_states(loop.server.place(states))
+    loop._last_checkpoint = None
+    if checkpoint is not None:
+        restore(loop, ckpt_path, checkpoint)
+        loop._last_checkpoint = (checkpoint["round"], ckpt_path)
+    loop.backend.on_client_done = loop.reporter.client_done
+    return per_round, checkpoint, resuming
+
+
+def restore(loop: FederatedLoop, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
+    """Check ``checkpoint`` belongs to this run and load its server and client state (its
+    RNG states are restored when the rounds start)."""
+    compare_identity(ckpt_path, checkpoint["identity"], loop.identity)
+    try:
+        loop.aggregator.load_state_dict(loop.server.place(checkpoint["aggregator"]))
+        loop.store.load_state_dict(checkpoint["clients"])
+    except ConfigurationError:
+        raise
+    except Exception as error:  # noqa: BLE001 (an inconsistent file, not a bug of this run)
+        raise ConfigurationError(
+            f"ckpt_path={ckpt_path!r} is inconsistent with this run: its state does not load "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}); "
+            "resume from another checkpoint or start a new run"
+        ) from None
+    loop.history = list(checkpoint["history"])
+    meters = checkpoint.get("meters", {})
+    loop.communication.load_state_dict(meters.get("communication", {}))
+    loop.target.load_state_dict(meters.get("target", {}))
+    rounds_done = checkpoint["round"]
+    if rounds_done >= loop.rounds:
+        log.warning(
+            "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
+            rounds_done, loop.rounds,
+        )  # fmt: skip
+
+
+def open_run(
+    loop: FederatedLoop,
+    model: ClientModule,
+    dm: FederatedDataModule,
+    checkpoint: dict[str, Any] | None,
+) -> int:
+    """Write the run's start files and open its loggers; returns the first round to run."""
+    start_round, wandb_id = 0, None
+    if checkpoint is not None:
+        restore_rng(checkpoint)
+        start_round, wandb_id = checkpoint["round"], checkpoint.get("wandb_id")
+    remove_stale_temporaries(loop.run_dir)
+    if loop.config_text is not None:  # the CLI's parsed config
+        (loop.run_dir / "config.yaml").write_text(loop.config_text)
+    else:  # a Python-API run: a description of its loop, model and data
+        write_run_config(loop.run_dir / "config.yaml", loop, model, dm)
+    dm.save_partition(loop.run_dir / "partition.csv")
+    loop.reporter.plot_partition(dm)
+    loop.reporter.open(loop.history, wandb_id, dm)
+    return start_round
