@@ -215,6 +215,18 @@ def test_move_keeps_sharing_and_is_a_no_op_on_the_same_device():
     assert jobs[0].payload.weights["w"].device.type == "cpu"  # the original is untouched
 
 
+def test_copy_snapshots_every_tensor_and_container_keeping_sharing():
+    weight = torch.ones(2, requires_grad=True)
+    shared = torch.zeros(3)
+    state = {"w": weight, "pair": (shared, shared), "meta": {"step": 1}}
+    snap = to_cpu(state, copy=True)
+    assert snap is not state and snap["meta"] is not state["meta"]  # new containers
+    assert snap["w"].data_ptr() != weight.data_ptr() and not snap["w"].requires_grad
+    assert snap["pair"][0] is snap["pair"][1]  # shared inside the value: shared in the copy
+    shared.add_(5.0)  # training in place after the snapshot cannot reach it
+    assert torch.equal(snap["pair"][0], torch.zeros(3))
+
+
 def test_arrivals_move_uploads_to_the_server_device_and_leave_client_state():
     upload = Upload(3, {"w": torch.ones(2)}, 5, 1, {"delta_c": {"w": torch.zeros(2)}})
     results = {3: FitResult(upload, {"c_i": torch.ones(2)}), 4: RuntimeError("failed")}

@@ -11,16 +11,7 @@ from typing import Any, Literal
 import torch
 
 from fedlightning.errors import ConfigurationError, StorageError
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
+from fedlightning.placement import to_cpu
 
 
 class ClientStore:
@@ -71,7 +62,7 @@ class ClientStore:
     def put(self, client_id: int, state: dict[str, Any]) -> None:
         if self.mode == "memory":
             if state:
-                self._states[client_id] = _to_cpu(state)
+                self._states[client_id] = to_cpu(state, copy=True)
             else:
                 self._states.pop(client_id, None)
             return
@@ -82,7 +73,7 @@ class ClientStore:
         name = f"{client_id}.{self._version}.pt"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            torch.save(_to_cpu(state), self.directory / name)
+            torch.save(to_cpu(state, copy=True), self.directory / name)
         except (OSError, RuntimeError) as error:
             (self.directory / name).unlink(missing_ok=True)
             raise StorageError(
@@ -123,7 +114,7 @@ class ClientStore:
                 "resume with the same client_state"
             )
         if self.mode == "memory":
-            self._states = {int(k): _to_cpu(v) for k, v in state["states"].items()}
+            self._states = {int(k): to_cpu(v, copy=True) for k, v in state["states"].items()}
             return
         self._files = {int(k): v for k, v in state["files"].items()}
         self._version = int(state["version"])
