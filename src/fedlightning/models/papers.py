@@ -11,7 +11,7 @@ from torch import nn
 from fedlightning.errors import ConfigurationError
 from fedlightning.models.cifar import vgg16_features
 from fedlightning.models.registry import register_model
-from fedlightning.models.small import FeatureClassifier
+from fedlightning.models.small import FeatureClassifier, lenet_classifier
 
 
 @register_model("vgg16_torchvision")
@@ -53,14 +53,7 @@ def fml_cnn1(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     unpadded convolutions (16 x 5 x 5 features at 32x32, 16 x 4 x 4 at 28x28)."""
     side = ((image_size - 4) // 2 - 4) // 2
     _check("fml_cnn1", image_size, side, 16)
-    features = nn.Sequential(
-        nn.Conv2d(in_channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(16 * side * side, 120), nn.ReLU(),
-        nn.Linear(120, 84), nn.ReLU(),
-    )  # fmt: skip
-    return FeatureClassifier(features, 84, num_classes)
+    return lenet_classifier(num_classes, in_channels, side, padding=0)
 
 
 @register_model("fml_cnn2")

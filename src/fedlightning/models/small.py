@@ -52,9 +52,16 @@ def lenet5(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """
     side = image_size // 2 // 2
     _check_side("lenet5", image_size, side)
+    return lenet_classifier(num_classes, in_channels, side, padding=2)
+
+
+def lenet_classifier(num_classes: int, in_channels: int, side: int, padding: int) -> nn.Module:
+    """The LeNet-5 stack: ``conv5x5(6) -> ReLU -> pool2 -> conv5x5(16) -> ReLU -> pool2 -> 120 ->
+    84`` with both convolutions padded by ``padding``, whose last feature map is ``side x side``
+    (serves ``lenet5`` and FML's CNN1, which differ only in the padding)."""
     features = nn.Sequential(
-        nn.Conv2d(in_channels, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(in_channels, 6, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
         nn.Linear(16 * side * side, 120), nn.ReLU(),
         nn.Linear(120, 84), nn.ReLU(),
