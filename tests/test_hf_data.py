@@ -132,13 +132,18 @@ FLOWER_OPTIONS = {
 @pytest.mark.parametrize("name", FLOWER)
 def test_flower_partitioners_by_name(on_disk, name):
     pytest.importorskip("flwr_datasets")
-    dm = FederatedDataModule(
-        dataset="huggingface", root=str(on_disk), num_clients=WRITERS, partition=name,
-        partition_options=FLOWER_OPTIONS.get(name), val_fraction=0.0, seed=3,
-        source_options={"image_column": "pixels", "label_column": "digit",
-                        "client_column": "writer_id"},
-    )  # fmt: skip
-    dm.setup()
+
+    def partitioned() -> FederatedDataModule:
+        dm = FederatedDataModule(
+            dataset="huggingface", root=str(on_disk), num_clients=WRITERS, partition=name,
+            partition_options=FLOWER_OPTIONS.get(name), val_fraction=0.0, seed=3,
+            source_options={"image_column": "pixels", "label_column": "digit",
+                            "client_column": "writer_id"},
+        )  # fmt: skip
+        dm.setup()
+        return dm
+
+    dm = partitioned()
     table = dm.partition_table()
     assert table.shape == (WRITERS, CLASSES) and (table.sum(axis=1) > 0).all()
     parts = [set(idx.tolist()) for idx in dm._train_idx]
@@ -148,14 +153,7 @@ def test_flower_partitioners_by_name(on_disk, name):
     if name == "flwr.natural_id":
         writers = np.array(tiny(240, 0)["writer_id"])
         assert all(len(set(writers[list(p)])) == 1 for p in parts)
-    again = FederatedDataModule(
-        dataset="huggingface", root=str(on_disk), num_clients=WRITERS, partition=name,
-        partition_options=FLOWER_OPTIONS.get(name), val_fraction=0.0, seed=3,
-        source_options={"image_column": "pixels", "label_column": "digit",
-                        "client_column": "writer_id"},
-    )  # fmt: skip
-    again.setup()
-    assert again.partition_hash() == dm.partition_hash()  # seeded from the run
+    assert partitioned().partition_hash() == dm.partition_hash()  # seeded from the run
 
 
 def test_flower_options_are_checked(on_disk):
