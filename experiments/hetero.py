@@ -14,8 +14,8 @@ federation). Methods:
   HeteroAvg      per-key mean over the sampled owners: FedAvg(weighting="uniform")
                  (docs/algorithms.md section 2.3)
   InCo-official  HeteroAvg + InCo's cross-layer updates, the authors' code (docs/algorithms.md
-                 section 2.4), layer 0 as the paper words it (the library's default)
-  InCo-official-code-layer0  the same with the authors' code's layer 0 (layer0: code)
+                 section 2.4) with the code's layer 0 (the library's default)
+  InCo-official-paper-layer0  the same with the paper's layer 0 and pairs (layer0: paper)
   InCo-exact     HeteroAvg + Theorem 3.1's coefficient (c = -theta when b < 0), normalised
 
 Reported after the last round (mean +- std over seeds, %): each group's model with the server's
@@ -48,7 +48,7 @@ METHODS: dict[str, Callable[[], Aggregator]] = {
     "FedAvg-groups": lambda: FedAvg(weighting="uniform", within_groups=True),
     "HeteroAvg": lambda: FedAvg(weighting="uniform"),
     "InCo-official": lambda: InCo(variant="official"),
-    "InCo-official-code-layer0": lambda: InCo(variant="official", layer0="code"),
+    "InCo-official-paper-layer0": lambda: InCo(variant="official", layer0="paper"),
     "InCo-exact": lambda: InCo(variant="exact"),
 }
 

@@ -143,6 +143,20 @@ def test_shipped_cofed_configs_parse_and_instantiate(path):
     assert init.tasks is not None and init.participants is not None
 
 
+def test_cifar100_config_is_on_the_papers_recipe():
+    # Cao et al.: non-IID superclasses from 1 or 2 subclasses, local batch 50, update batch 1000
+    parser = build_parser()
+    init = parser.instantiate(
+        parser.parse_args(["--config", str(CONFIGS / "experiments" / "cofed_cifar100.yaml")])
+    )
+    assert list(init.tasks.noniid_subclasses) == [1, 2] and init.tasks.public == "cifar10"
+    assert tuple(init.tasks.classes_per_participant) == (6, 8)
+    assert init.tasks.samples_per_class == 50
+    recipes = init.participants.recipes
+    assert {(r.batch_size, r.update_batch_size) for r in recipes} == {(50, 1000)}
+    assert (init.alpha, init.margin) == (0.3, 0.3)
+
+
 def _adult_rows(n: int, seed: int, test: bool) -> list[str]:
     """UCI Adult rows written by hand: income >50K exactly when education-num >= 12 and the
     weekly hours >= 40 (so a tree can learn it); some '?' values as in the real files."""

@@ -463,6 +463,20 @@ def test_independent_initialisations_of_the_middleware_models(tmp_path):
     assert loop.history[-1]["comm_sent_bytes"] > 0
 
 
+def test_independent_init_global_model_before_round_0_is_the_mean_of_the_k_states():
+    # docs/algorithms.md section 2.2: the deployable global model is always the uniform mean of
+    # the middleware models, so with independent initialisations it is their mean before round 0
+    initial = {"w": torch.zeros(3), "n": torch.tensor(0)}
+    states = [
+        {"w": torch.tensor([1.0, 2.0, 3.0]) * (i + 1), "n": torch.tensor(0)} for i in range(3)
+    ]
+    agg = FedCross(independent_init=True)
+    agg.setup(initial, num_clients=6)
+    assert torch.equal(agg.global_state()["w"], initial["w"])  # no states yet: the loop's model
+    agg.set_initial_states(states)
+    assert torch.equal(agg.global_state()["w"], torch.tensor([2.0, 4.0, 6.0]))
+
+
 def test_independent_init_through_the_cli(cli, tmp_path):
     rows = cli(
         tmp_path, "--loop.aggregator.independent_init", "true", "--loop.aggregator.alpha_ramp",

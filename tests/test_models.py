@@ -11,7 +11,7 @@ NARROW = {"resnet": {"width": 4}, "vit_s": {"embed_dim": 12, "num_heads": 2}}
 
 #: models built narrow by exact name; the smallest input side a model takes (smaller: a clear error)
 EXACT = {"vgg16_torchvision": {"width": 8, "hidden": 64}}
-MIN_SIDE = {"fml_cnn1": 16, "fml_cnn2": 18}
+MIN_SIDE = {"fml_cnn1_code": 16, "fml_cnn2_code": 18}
 
 
 def _narrow(name):
@@ -83,18 +83,18 @@ def test_vgg16_torchvision_is_torchvision_vgg16_with_a_32x32_head():
 @pytest.mark.parametrize(
     ("name", "size", "flat"),
     [
-        ("fml_cnn1", 32, 16 * 5 * 5),
-        ("fml_cnn1", 28, 16 * 4 * 4),
-        ("fml_cnn2", 32, 64 * 4 * 4),
-        ("fml_cnn2", 28, 64 * 3 * 3),
+        ("fml_cnn1_code", 32, 16 * 5 * 5),
+        ("fml_cnn1_code", 28, 16 * 4 * 4),
+        ("fml_cnn2_code", 32, 64 * 4 * 4),
+        ("fml_cnn2_code", 28, 64 * 3 * 3),
     ],
 )
-def test_fml_cnns_have_the_papers_shapes(name, size, flat):
+def test_fml_cnns_of_the_authors_code_have_its_shapes(name, size, flat):
     model = create_model(name, num_classes=10, in_channels=1, image_size=size)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     assert linears[0].in_features == flat
-    if name == "fml_cnn1":
+    if name == "fml_cnn1_code":
         assert [(c.out_channels, c.kernel_size) for c in convs] == [(6, (5, 5)), (16, (5, 5))]
         assert [m.out_features for m in linears] == [120, 84, 10]
     else:
@@ -104,3 +104,41 @@ def test_fml_cnns_have_the_papers_shapes(name, size, flat):
             (64, (3, 3)),
         ]
         assert [m.out_features for m in linears] == [64, 10]
+
+
+def _layer_plan(model):
+    """The model's layers in forward order as ``(kind, detail)``: ``conv`` (out channels, kernel,
+    padding), ``pool`` (kernel), ``fc`` (in, out); activations and flattening left out."""
+    plan = []
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d):
+            plan.append(("conv", (m.out_channels, m.kernel_size, m.padding)))
+        elif isinstance(m, torch.nn.MaxPool2d):
+            plan.append(("pool", m.kernel_size))
+        elif isinstance(m, torch.nn.Linear):
+            plan.append(("fc", (m.in_features, m.out_features)))
+    return plan
+
+
+@pytest.mark.parametrize(("size", "side"), [(28, 7), (32, 8)])
+def test_fml_cnn1_is_the_papers_text(size, side):
+    # two 3x3 convolutions with 6 and 16 channels, two fully connected layers (section 1.6:
+    # 'same' padding, 2x2 pooling after each convolution, hidden width 120)
+    model = create_model("fml_cnn1", num_classes=10, in_channels=3, image_size=size)
+    conv = lambda c: ("conv", (c, (3, 3), (1, 1)))  # noqa: E731
+    assert _layer_plan(model) == [
+        conv(6), ("pool", 2), conv(16), ("pool", 2), ("fc", (16 * side * side, 120)), ("fc", (120, 10)),
+    ]  # fmt: skip
+    assert model(torch.randn(2, 3, size, size)).shape == (2, 10)
+    assert _layer_plan(create_model("fml_cnn1", 10, 1, 28, hidden=64))[-1] == ("fc", (64, 10))
+
+
+@pytest.mark.parametrize(("size", "side"), [(28, 3), (32, 4), (8, 1)])
+def test_fml_cnn2_is_the_papers_text(size, side):
+    # three 3x3 convolutions with 128 channels and one fully connected layer
+    model = create_model("fml_cnn2", num_classes=10, in_channels=1, image_size=size)
+    block = [("conv", (128, (3, 3), (1, 1))), ("pool", 2)]
+    assert _layer_plan(model) == [*block, *block, *block, ("fc", (128 * side * side, 10))]
+    assert model.feature_dim == 128 * side * side
+    with pytest.raises(ConfigurationError, match="needs image_size >= 8"):
+        create_model("fml_cnn2", num_classes=10, in_channels=1, image_size=7)

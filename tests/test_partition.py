@@ -83,3 +83,24 @@ def test_natural_groups_by_client_id_and_refuses_empty_client():
 def test_too_many_clients_is_an_error():
     with pytest.raises(ConfigurationError, match="num_clients"):
         P.iid(LABELS[:5], 6, seed=0)
+
+
+@pytest.mark.parametrize(("level", "shards"), [(1, 6), (2, 4), (3, 2)])
+def test_fml_non_iid_levels_are_the_papers_shards(level, shards):
+    # FML's Non-IID(1), (2), (3): 6, 4, 2 label-sorted shards a client (higher level, more skew);
+    # on mnist5k's 4,000 training images (400 a digit), 5 clients
+    assert P.fml_non_iid_shards(level) == shards
+    labels = np.repeat(np.arange(10), 400)
+    parts = P.shards(labels, 5, P.fml_non_iid_shards(level), seed=level)
+    table = P.count_table(labels, parts, 10)
+    assert (abs(table.sum(axis=1) - 800) <= shards).all()  # shards of 4000 / (5 * shards), +-1
+    # a shard no longer than a class spans at most 2 classes
+    assert ((table > 0).sum(axis=1) <= min(10, 2 * shards)).all()
+    if level == 3:  # a 400-image shard is exactly one digit: at most 2 digits a client
+        assert set(np.unique(table)) <= {0, 400, 800}
+
+
+@pytest.mark.parametrize("level", [0, 4, "3"])
+def test_fml_non_iid_level_outside_1_to_3_is_refused(level):
+    with pytest.raises(ConfigurationError, match=r"non_iid=.* is not allowed: expected 1, 2 or 3"):
+        P.fml_non_iid_shards(level)

@@ -123,15 +123,15 @@ def test_mnist5k_is_real_offline_mnist():
 def test_mnist5k_non_iid_3_shards_through_the_cli(cli, tmp_path):
     rows = cli(
         tmp_path, "--data.dataset", "mnist5k", "--data.num_clients", "5", "--data.partition", "shards",
-        "--data.shards_per_client", "3", "--loop.rounds", "1", "--loop.clients_per_round", "5",
+        "--data.shards_per_client", "2", "--loop.rounds", "1", "--loop.clients_per_round", "5",
         "--loop.local_epochs", "1", "--loop.plots", "false",
     )  # fmt: skip
     assert float(rows[-1]["test_acc"]) > 0.3
     table = np.loadtxt(tmp_path / "partition.csv", delimiter=",", skiprows=1, dtype=np.int64)
     counts = table[:, 1:]  # the training part of each client (val_fraction 0.1 held out)
     assert 0.85 * 4000 <= counts.sum() <= 4000
-    # FML's Non-IID(3): 3 label-sorted shards of 800 each; a shard spans at most 2 classes
-    assert ((counts > 0).sum(axis=1) <= 6).all() and (counts.max(axis=1) >= 200).all()
+    # FML's Non-IID(3): 2 label-sorted shards of 400, each exactly one digit of mnist5k
+    assert ((counts > 0).sum(axis=1) <= 2).all() and (counts.max(axis=1) >= 300).all()
 
 
 def _leaf_writers(tmp_path, sizes):

@@ -1,6 +1,6 @@
 """CoFED's heterogeneous tasks: each participant its own label space, IID or sub-class non-IID.
 Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task learning via co-training",
-arXiv:2202.08603 (docs/algorithms.md sections 3 and 4, "label_spaces").
+arXiv:2202.08603 (docs/algorithms.md section 3, "Tasks"; section 4).
 
 :func:`label_space_tasks` is the pure partition; :class:`LabelSpaceTasks` is the config object that
 loads a source, partitions it and assembles the public set.

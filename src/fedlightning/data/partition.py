@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, require
 
 PARTITIONS = ("iid", "dirichlet", "shards", "natural")
 
@@ -120,6 +120,28 @@ def shards(
         )
         for c in range(num_clients)
     ]
+
+
+#: FML's Non-IID(k) (Shen et al. 2020, arXiv:2006.16765, experiments): label-sorted shards a client
+#: of the ``shards`` partition; a higher level gives each client fewer shards, so fewer classes.
+FML_NON_IID_SHARDS: dict[int, int] = {1: 6, 2: 4, 3: 2}
+
+
+def fml_non_iid_shards(level: int) -> int:
+    """``shards_per_client`` of FML's Non-IID(``level``): 6, 4 and 2 shards for Non-IID(1), (2)
+    and (3) (docs/algorithms.md section 4). With 5 clients on MNIST, Non-IID(3) is 10 shards of
+    6,000 sorted images, so each client holds about 2 digits.
+
+    >>> [fml_non_iid_shards(level) for level in (1, 2, 3)]
+    [6, 4, 2]
+    """
+    require(
+        level in FML_NON_IID_SHARDS,
+        "non_iid",
+        level,
+        "1, 2 or 3 (FML's Non-IID(1), (2), (3): 6, 4, 2 shards per client)",
+    )
+    return FML_NON_IID_SHARDS[level]
 
 
 def natural(client_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:

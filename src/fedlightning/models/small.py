@@ -58,7 +58,8 @@ def lenet5(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
 def lenet_classifier(num_classes: int, in_channels: int, side: int, padding: int) -> nn.Module:
     """The LeNet-5 stack: ``conv5x5(6) -> ReLU -> pool2 -> conv5x5(16) -> ReLU -> pool2 -> 120 ->
     84`` with both convolutions padded by ``padding``, whose last feature map is ``side x side``
-    (serves ``lenet5`` and FML's CNN1, which differ only in the padding)."""
+    (serves ``lenet5`` and ``fml_cnn1_code``, FML's CNN1 as the authors' code builds it, which
+    differ only in the padding)."""
     features = nn.Sequential(
         nn.Conv2d(in_channels, 6, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(6, 16, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),

@@ -173,9 +173,11 @@ class InCo(Aggregator):
         pair_rule: ``auto`` (every registered rule: ResNet stages, ViT blocks), ``resnet``, ``vit``
             or any rule registered with :func:`register_pair_rule`.
         pairs: explicit ``[[deep key, layer-0 key], ...]`` instead of a rule.
-        layer0: ``paper`` (default): layer 0 is the first layer of the stage with the deep
-            layer's shape, as the paper words it (:func:`paper_layer0`); ``code``: the rule's own
-            (``layer{s}.0.conv2.weight``, the authors' code). They differ in ResNet stage 1.
+        layer0: ``code`` (default, with ``variant: official`` the authors' code throughout):
+            the rule's own pairs (``layer{s}.0.conv2.weight``); ``paper``: the paper's wording,
+            layer 0 the first layer of the stage with the shape condition and every later layer
+            of the stage with its shape paired with it
+            (:func:`~fedlightning.server.inco_pairs.paper_pairs`). They differ in ResNet stage 1.
         update_divisor: the inner's server update of every float entry is divided by this before
             InCo (the InCo ViT code divides the client update by E: set it to
             ``loop.local_epochs``); 1: off.
@@ -192,7 +194,7 @@ class InCo(Aggregator):
         optimize: bool = True,
         pair_rule: str = "auto",
         pairs: list[list[str]] | None = None,
-        layer0: Literal["paper", "code"] = "paper",
+        layer0: Literal["paper", "code"] = "code",
         update_divisor: float = 1.0,
     ) -> None:
         inner = FedAvg(weighting="uniform") if inner is None else inner
