@@ -11,6 +11,7 @@ from fedlightning.clients import FML, MOON, ClientModule, FedNovaClient, FedProx
 from fedlightning.errors import ConfigurationError
 from fedlightning.server import FedCross, FedNova, Scaffold
 from objective_helpers import SYNTHETIC
+from user_clients import FedDynClient
 
 
 class Recorder:
@@ -106,6 +107,7 @@ CASES = {
     "clip-value": (lambda: ClientModule(**SYNTHETIC), FedAvg, {"gradient_clip_val": 0.01, "gradient_clip_algorithm": "value"}),
     "batchnorm": (lambda: ClientModule(network=WithBatchNorm(), num_classes=3, lr=0.1, momentum=0.5), FedAvg, {"local_epochs": 2}),
     "moon-batchnorm": (lambda: MOON(network=WithBatchNorm(), num_classes=3, projection_dim=4), FedAvg, {"local_epochs": 2}),
+    "feddyn-plugin-3-rounds": (lambda: FedDynClient(mu=0.1, **SYNTHETIC, momentum=0.5), FedAvg, {"local_epochs": 2, "rounds": 3}),
     "heterogeneous": (lambda: ClientModule(networks=["resnet10", "resnet14"], network_kwargs={"width": 4, "stem": "small"}, num_classes=3, in_channels=1, image_size=8, lr=0.05), FedAvg, {"sample_shape": (1, 8, 8), "partition": "iid", "rounds": 1}),
 }  # fmt: skip
 
@@ -119,8 +121,6 @@ def test_cohort_equals_sequential_fits(case, tmp_path):
         torch.manual_seed(0)
         runs.append(_run(make(), cohort, tmp_path, recording(aggregator, **kwargs), **budget))
     sequential, cohort = runs
-    # FML's train_loss is its meme loss sequentially, the whole local_loss under the cohort
-    loss = not case.startswith("fml")
     # Adam divides by sqrt(v): reassociation differences in small gradients are amplified
     # (the steps themselves are exact: test_stacked_optimizers_step_like_torch_per_client), so a
     # few coordinates with near-zero gradients differ by up to lr; the mean difference stays tiny.
@@ -130,7 +130,7 @@ def test_cohort_equals_sequential_fits(case, tmp_path):
         case[:4] if case[:4] in ("adam", "hete") else ("adam" if "adam" in case else ""),
         (1e-5, 1e-6, 1e-7),
     )
-    _assert_same_uploads(sequential.aggregator.seen, cohort.aggregator.seen, rtol, atol, loss, mean)
+    _assert_same_uploads(sequential.aggregator.seen, cohort.aggregator.seen, rtol, atol, mean=mean)
     if "local_epochs" in budget and len(sequential.aggregator.seen[0]) > 1:
         steps = [u.num_steps for u in sequential.aggregator.seen[-1].values()]
         assert len(set(steps)) > 1  # unequal clients really stopped early
@@ -139,7 +139,7 @@ def test_cohort_equals_sequential_fits(case, tmp_path):
     )
 
 
-def _assert_same_uploads(sequential, cohort, rtol, atol, loss=True, mean=1e-7):
+def _assert_same_uploads(sequential, cohort, rtol, atol, mean=1e-7):
     assert len(sequential) == len(cohort)
     for seq_round, coh_round in zip(sequential, cohort, strict=True):
         assert seq_round.keys() == coh_round.keys()
@@ -156,10 +156,9 @@ def _assert_same_uploads(sequential, cohort, rtol, atol, loss=True, mean=1e-7):
                         )
                 else:
                     assert other.extras[key] == value
-            if loss:
-                assert upload.metrics["train_loss"] == pytest.approx(
-                    other.metrics["train_loss"], rel=10 * rtol
-                )
+            assert upload.metrics.keys() == other.metrics.keys()
+            for name, value in upload.metrics.items():  # FML's personal_train_loss too
+                assert other.metrics[name] == pytest.approx(value, rel=10 * rtol)
             for key, value in upload.weights.items():
                 torch.testing.assert_close(other.weights[key], value, rtol=rtol, atol=atol)
                 assert (other.weights[key].double() - value.double()).abs().mean() <= mean

@@ -5,7 +5,9 @@ Each plug-in is paired with the first registered partner that fits it (the loop'
 rules), then: one round on tiny data; the aggregator's ``state_dict`` round-trips; 1 round + resume
 equals 2 rounds straight, bitwise; heterogeneous clients (``networks``) either train or are refused
 with a ConfigurationError before anything is written; the cohort backend equals the sequential
-one up to float rounding for every objective and every aggregator.
+one up to float rounding for every objective and every aggregator, and for the user-written
+objectives of :data:`PLUGIN_OBJECTIVES` (round context derived, nothing declared); it refuses those
+of :data:`COHORT_REFUSALS`, naming the attribute, while the sequential backend trains them.
 """
 
 import inspect
@@ -16,6 +18,7 @@ import torch
 from fedlightning import FederatedDataModule, FederatedLoop, clients, server
 from fedlightning.backends import CohortBackend, SequentialBackend
 from fedlightning.errors import ConfigurationError
+from user_clients import FedDynClient, FedDynReadingState, PerClientSmoothing
 
 #: a tiny ResNet, so that every rule (InCo's ResNet layer pairs, MOON's features) applies
 NETWORK = dict(network="resnet14", network_kwargs={"width": 4, "stem": "small"}, num_classes=3,
@@ -24,6 +27,10 @@ OBJECTIVES = [getattr(clients, n) for n in clients.__all__]
 AGGREGATORS = [
     getattr(server, n) for n in server.__all__ if not inspect.isabstract(getattr(server, n))
 ]
+#: user-written objectives (tests/user_clients.py) with per-client round context of their own
+PLUGIN_OBJECTIVES = [FedDynClient]
+#: user-written objectives the cohort cannot train, and what its refusal names
+COHORT_REFUSALS = [(FedDynReadingState, "self.state"), (PerClientSmoothing, "self._smoothing")]
 
 
 def _objective(cls, **kwargs):
@@ -175,12 +182,21 @@ def _sequential_and_cohort(objective_cls, aggregator_cls, tmp_path, resnet=False
     return None
 
 
-@pytest.mark.parametrize("objective_cls", OBJECTIVES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("objective_cls", OBJECTIVES + PLUGIN_OBJECTIVES, ids=lambda c: c.__name__)
 def test_the_cohort_backend_equals_sequential_or_refuses(objective_cls, tmp_path):
-    """Every built-in objective trains under the cohort (a refusal is a failure here: the
-    refusals are for what cannot be vectorized, tests/test_cohort.py)."""
+    """Every built-in objective and plug-in trains under the cohort with the round context it
+    derives (a refusal is a failure here: the refusals are for what cannot be vectorized,
+    tests/test_cohort.py and test_the_cohort_refuses_per_client_values_it_cannot_stack)."""
     refusal = _sequential_and_cohort(objective_cls, None, tmp_path)
     assert refusal is None, refusal
+
+
+@pytest.mark.parametrize(("objective_cls", "attribute"), COHORT_REFUSALS, ids=lambda c: str(c))
+def test_the_cohort_refuses_per_client_values_it_cannot_stack(objective_cls, attribute, tmp_path):
+    """A plug-in whose local_loss reads per-client values the cohort cannot stack is refused with
+    one line naming the attribute (after the sequential backend trained it)."""
+    refusal = _sequential_and_cohort(objective_cls, None, tmp_path)
+    assert refusal is not None and attribute in refusal and "\n" not in refusal, refusal
 
 
 @pytest.mark.parametrize("aggregator_cls", AGGREGATORS, ids=lambda c: c.__name__)

@@ -2,8 +2,9 @@
 (this folder is on ``sys.path`` under pytest)."""
 
 import torch
+import torch.nn.functional as F
 
-from fedlightning.clients import ClientModule, ScaffoldClient
+from fedlightning.clients import ClientModule, FedProx, ScaffoldClient
 from fedlightning.server import FedAvg
 
 
@@ -113,3 +114,53 @@ class FailsEveryOtherRound(ClientModule):
         FailsEveryOtherRound.fits += 1
         if round_index % 2 == 1:
             raise (ValueError if client_id % 2 else KeyError)(f"flaky client {client_id}")
+
+
+class FedDynClient(FedProx):
+    """FedDyn's client (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR
+    2021, arXiv:2111.04263) as a user writes it on FedProx, with no declaration for the cohort
+    backend: ``loss = CE - <g_i, w> + (mu / 2) ||w - w_t||^2``, where the per-client ``g_i`` comes
+    from the client's state and is renewed after the fit: ``g_i <- g_i - mu (w_i - w_t)``."""
+
+    def __init__(self, mu: float = 0.1, **kwargs):
+        super().__init__(mu=mu, **kwargs)
+
+    def begin_client(self, client_id, payload, state):
+        super().begin_client(client_id, payload, state)
+        saved = state.get("g", {})
+        self._g = {n: saved[n].to(a) if n in saved else torch.zeros_like(a)
+                   for n, a in self._anchor.items()}  # fmt: skip
+
+    def local_loss(self, batch):
+        params = dict(self.network.named_parameters())
+        linear = torch.stack([(g * params[n]).sum() for n, g in self._g.items()]).sum()
+        return super().local_loss(batch) - linear
+
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
+        g = {n: (g - self.mu * (weights[n] - self._anchor[n])).cpu() for n, g in self._g.items()}
+        return weights, extras, {**state, "g": g}
+
+
+class FedDynReadingState(FedDynClient):
+    """The same objective reading ``g_i`` from ``self.state`` inside ``local_loss``: trains
+    sequentially, refused by the cohort backend naming ``state``."""
+
+    def local_loss(self, batch):
+        saved = self.state.get("g", {})
+        params = dict(self.network.named_parameters())
+        linear = sum((saved[n].to(p) * p).sum() for n, p in params.items() if n in saved)
+        return FedProx.local_loss(self, batch) - linear
+
+
+class PerClientSmoothing(ClientModule):
+    """``begin_client`` sets a per-client Python float that ``local_loss`` reads (label smoothing
+    by client): trains sequentially, refused by the cohort backend naming ``_smoothing``."""
+
+    def begin_client(self, client_id, payload, state):
+        super().begin_client(client_id, payload, state)
+        self._smoothing = 0.01 * client_id
+
+    def local_loss(self, batch):
+        x, y = batch
+        return F.cross_entropy(self(x), y, label_smoothing=self._smoothing)

@@ -162,17 +162,7 @@ class ClientFitter:
             num_steps = self._trainer_fit(model, batches)
         else:
             num_steps = self._fabric_fit(model, batches)
-        weights, extras, state = model.end_client(num_steps)
-        upload = Upload(
-            client_id=job.client_id,
-            weights=weights,
-            num_samples=dm.client_num_samples(job.client_id),
-            num_steps=num_steps,
-            extras=extras,
-            model_index=job.payload.model_index,
-            metrics=model.client_metrics(),
-        )
-        return FitResult(upload, state)
+        return fit_result(model, job, dm.client_num_samples(job.client_id), num_steps)
 
     def _trainer_fit(self, model: ClientModule, batches: Iterable[Any]) -> int:
         config = self.config
@@ -249,6 +239,24 @@ def _step_schedulers(
                 config.scheduler.step()
             else:
                 config.scheduler.step(float(mean_loss))
+
+
+def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps: int) -> FitResult:
+    """The result of client ``job.client_id``'s fit, built the same way on every backend: after
+    the fit (``num_steps`` optimizer steps on ``num_samples`` samples) the module's
+    ``end_client`` gives the upload's weights and extras and the client's new state, and its
+    ``client_metrics()`` the means of what the fit's steps tracked (``train_loss``...)."""
+    weights, extras, state = model.end_client(num_steps)
+    upload = Upload(
+        client_id=job.client_id,
+        weights=weights,
+        num_samples=num_samples,
+        num_steps=num_steps,
+        extras=extras,
+        model_index=job.payload.model_index,
+        metrics=model.client_metrics(),
+    )
+    return FitResult(upload, state)
 
 
 def fit_client(

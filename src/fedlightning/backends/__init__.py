@@ -3,7 +3,8 @@ other), ``CohortBackend`` (all sampled clients at once with ``torch.func.vmap``)
 ``RayBackend`` (long-lived Ray actors; the ``ray`` extra), ``FlowerBackend`` (SuperNodes of a
 Flower deployment; the ``flower`` extra); ``AutoBackend`` (the loop's default)
 picks the cohort where it is supported and faster, else sequential. Chosen by ``loop.backend`` with a
-``class_path`` like the aggregator; results do not depend on the backend."""
+``class_path`` like the aggregator; results do not depend on the backend beyond the cohort's
+floating-point reassociation (see :mod:`fedlightning.backends.base` for where that shows)."""
 
 from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend

@@ -4,8 +4,12 @@ The loop hands a backend the round's :class:`~fedlightning.protocol.ClientJob` o
 back, per client, a :class:`~fedlightning.protocol.FitResult` or the exception its fit raised; it
 knows nothing else about a backend. A backend runs fits with
 :class:`fedlightning.fit.ClientFitter` (or, for the cohort backend, the objective's own
-``local_loss`` vectorized over clients), so results never depend on the backend beyond
-floating-point reassociation.
+``local_loss`` vectorized over clients) and builds each result with
+:func:`fedlightning.fit.fit_result`. The sequential, Ray and Flower backends give bitwise the same
+results; the cohort gives the same up to floating-point reassociation, with two qualifications
+(:mod:`fedlightning.backends.cohort`): networks that amplify rounding (small BatchNorm ResNets)
+agree after one step and closely after a round but only in distribution over many rounds, and
+dropout masks are not the sequential ones.
 """
 
 from __future__ import annotations

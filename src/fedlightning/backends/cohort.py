@@ -1,31 +1,48 @@
 """The cohort backend: all sampled clients of a round trained at once with ``torch.func``.
 
-For each client, ``begin_client`` runs as in a sequential fit and the objective's tensors are
-read (:mod:`fedlightning.backends.cohort_state`): parameters, buffers, the round context its
-``round_context`` attributes name, and its fresh optimizer's state. These are stacked along a
-leading client axis, and one ``vmap(grad_and_value(...))`` of the objective's own
-:meth:`ClientModule.local_loss`, called through ``functional_call`` on each client's slice, gives
-every client's gradient (and updated BatchNorm buffers) per step; the optimizer step, clipping and
-``16-mixed`` scaling are per client (:mod:`fedlightning.backends.cohort_optim`). Each client sees
-exactly the batches of its sequential fit; clients whose current batch has another size (a shorter
-last batch) are vmapped in a group of their own, so no padding changes the objective; a client
-that has run out of steps keeps its parameters and optimizer state. Clients of different
-architectures (``model.networks``) are one cohort per architecture, run back to back. After
-training, each client's ``begin_client`` runs again, its trained tensors and optimizer state are
-loaded, and its ``end_client(num_steps)`` gives the upload as in a sequential fit.
+For each client, ``begin_client`` runs once, as in a sequential fit, and the client's view of the
+objective is kept (:mod:`fedlightning.backends.cohort_state`): its parameters, buffers, its fresh
+optimizer's state and its round context, derived from the objective's own attributes (every
+tensor and frozen module that ``begin_client`` left there, :mod:`fedlightning.backends.
+cohort_context`; nothing is declared). These are stacked along a leading client axis, and one
+``vmap(grad_and_value(...))`` of the objective's own :meth:`ClientModule.local_loss`, called
+through ``functional_call`` on each client's slice, gives every client's gradient, updated
+BatchNorm buffers and tracked metrics per step; the optimizer step, clipping and ``16-mixed``
+scaling are per client (:mod:`fedlightning.backends.cohort_optim`). Each client sees exactly the
+batches of its sequential fit; clients whose current batch has another size (a shorter last batch)
+are vmapped in a group of their own, so no padding changes the objective; a client that has run
+out of steps keeps its parameters and optimizer state. Clients of different architectures
+(``model.networks``) are one cohort per architecture, run back to back. After training, each
+client's view is put back with its trained tensors, optimizer state and tracked metrics, and
+:func:`fedlightning.fit.fit_result` builds its result from its ``end_client`` and
+``client_metrics()``, as for every backend.
 
 Equality with the sequential backend: up to floating-point reassociation for every objective,
-optimizer, BatchNorm and precision covered here. Dropout masks are drawn with
-``vmap(randomness="different")`` from the global generator, seeded per round and architecture
-group from ``(seed, "cohort", round, group)``: runs are deterministic and clients' masks are
-independent, but they are not the masks a sequential fit draws (no per-client generator exists
-inside one vmapped call), so with dropout the two backends agree in distribution only.
+optimizer and precision covered here; the same ``train_loss`` and tracked metrics. BatchNorm:
+each client's batch statistics and running statistics come from the same kernel as in a
+sequential fit (per client and channel), so after one step the running statistics are bitwise
+equal and the weights equal to float rounding (about 1e-8 on the tiny ResNets of the tests). The
+rounding differences then grow as the network amplifies them, and small BatchNorm ResNets amplify
+them strongly: on ``resnet14`` (width 4, 8x8 inputs, three 16-sample steps a round) a one-ulp
+change of the initial weights moves a sequential fit's weights by 1e-4 after one round and by 0.14
+after two (3e-7 and 5e-3 at 32x32), and the cohort differs from sequential by as much (3e-5, 0.2).
+With BatchNorm the two backends agree after a step, closely after a round, and in distribution
+over many rounds (tested: tests/test_cohort_context.py).
+
+Dropout masks are drawn with ``vmap(randomness="different")`` from the global generator, seeded
+per round and architecture group from ``(seed, "cohort", round, group)``: runs are deterministic
+and clients' masks are independent, but they are not the masks a sequential fit draws (no
+per-client generator exists inside one vmapped call), so with dropout the two backends agree in
+distribution only.
 
 Refused before training, with the reason: objectives that need a Lightning Trainer (manual
 optimization, overridden hooks), LR schedulers, optimizers other than SGD/Adam/AdamW (or with
 dampening, amsgrad, maximize), ``64-true``, BatchNorm under mixed precision on the CPU (no vmap
-rule there). A ``local_loss`` that cannot be vmapped (data-dependent Python control flow, ``.item()``)
-is refused with vmap's message at its first step.
+rule there). At every round before any step (:mod:`fedlightning.backends.cohort_checks`): what
+cannot be stacked into one ``local_loss`` (a per-client number or object, a per-client shape, a
+``local_loss`` reading ``self.state``, ``self.payload`` or ``self.client_id``), naming the
+attribute and the fix. A ``local_loss`` that cannot be vmapped (data-dependent Python control
+flow, ``.item()``) is refused with vmap's message at its first step.
 """
 
 from __future__ import annotations
@@ -40,16 +57,18 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.backends.cohort_checks import check_cohort
+from fedlightning.backends.cohort_metrics import StackedMetrics
 from fedlightning.backends.cohort_optim import (
     StackedOptimizer,
     StackedScaler,
     clip_gradients,
     optimizer_refusal,
 )
-from fedlightning.backends.cohort_state import ContextLoss, snapshot
+from fedlightning.backends.cohort_state import ClientView, ContextLoss
 from fedlightning.errors import ConfigurationError
-from fedlightning.fit import split_optimizers, trainer_reason
-from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
+from fedlightning.fit import fit_result, split_optimizers, trainer_reason
+from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.seeding import derive_seed, seed_fit
 
 if TYPE_CHECKING:
@@ -116,20 +135,15 @@ class CohortBackend(Backend):
 
     def _run_cohort(self, round_index: int, number: int, jobs: list[ClientJob]) -> RoundResults:
         model, config, device = self.model.to(self.device), self.config, self.device
-        snaps, optimizers, names = [], [], []
-        wrapper: ContextLoss | None = None
-        for job in jobs:
+        views, optimizers, names = [], [], []
+        for job in jobs:  # begin_client once per client: its view is kept until its end_client
             self._begin(round_index, job)
-            wrapper = wrapper or ContextLoss(model)
-            snaps.append(snapshot(wrapper))
-            optimizer = split_optimizers(model.configure_optimizers())[0]
-            optimizers.append(optimizer)
+            views.append(ClientView.capture(model, job.client_id, first=not views))
+            optimizers.append(split_optimizers(model.configure_optimizers())[0])
             names.append({id(p): f"objective.{n}" for n, p in model.named_parameters()})
-        assert wrapper is not None
-        params, buffers, context = (
-            {k: torch.stack([s[part][k] for s in snaps]).to(device) for k in snaps[0][part]}
-            for part in range(3)
-        )
+        check_cohort(model, views)
+        wrapper = ContextLoss(model, views[0])
+        params, buffers, context = wrapper.stack(views, device)
         # the optimizer's parameters are trained; the others are fixed inputs of the loss
         trained = [names[0][id(p)] for g in optimizers[0].param_groups for p in g["params"]]
         trainable = {n: params[n] for n in trained}
@@ -137,12 +151,12 @@ class CohortBackend(Backend):
         modules = {k: v for k, v in context.items() if k.startswith("context_modules.")}
         tensors = {k: v for k, v in context.items() if k not in modules}
         optim = StackedOptimizer.stack(optimizers, names, params)
-        del snaps, optimizers
+        del optimizers
 
         def loss(p, f, b, m, t, scale, batch):
             b = {k: v.clone() for k, v in b.items()}  # updated in place by BatchNorm, returned
-            value = functional_call(wrapper, {**p, **f, **b, **m}, (batch, t))
-            return value * scale, (value.detach(), b)
+            value, tracked = functional_call(wrapper, {**p, **f, **b, **m}, (batch, t))
+            return value * scale, (tracked, b)
 
         step = vmap(grad_and_value(loss, has_aux=True), randomness="different")
         scaler = StackedScaler(len(jobs), device) if config.precision == "16-mixed" else None
@@ -151,7 +165,7 @@ class CohortBackend(Backend):
         seed_fit(derive_seed(config.seed, "cohort", round_index, number))  # dropout masks
         streams = [_batches(self.dm, config, round_index, job.client_id) for job in jobs]
         steps = torch.zeros(len(jobs), dtype=torch.long)
-        loss_sums = torch.zeros(len(jobs), dtype=torch.float64)
+        metrics = StackedMetrics(len(jobs))
         ones = torch.ones(len(jobs), device=device)
         while True:
             batches = [next(s, None) for s in streams]
@@ -170,7 +184,7 @@ class CohortBackend(Backend):
                 sub = [{n: x[index] for n, x in part.items()} for part in parts]
                 try:
                     with autocast:
-                        g, (_, (values, new_buffers)) = step(*sub, scale, batch)
+                        g, (_, (tracked, new_buffers)) = step(*sub, scale, batch)
                 except RuntimeError as error:  # e.g. data-dependent control flow in local_loss
                     if "vmap" not in str(error) and "functorch" not in str(error):
                         raise
@@ -184,26 +198,23 @@ class CohortBackend(Backend):
                     grads[n][index] = g[n]
                 for n in buffers:
                     buffers[n][index] = new_buffers[n]
-                loss_sums[group] += values.detach().float().cpu().double()
+                metrics.add(tracked, index, group)
             active = torch.zeros(len(jobs), dtype=torch.bool, device=device)
             active[active_ids] = True
             optim.step(trainable, grads, active & finite)
             if scaler:
                 scaler.update(finite, active)
             steps[active_ids] += 1
-        return self._finish(round_index, jobs, wrapper, params, buffers, optim, steps, loss_sums)
+        stacks = {**params, **buffers, **context}
+        return self._finish(jobs, views, wrapper, stacks, optim, steps, metrics)
 
-    def _finish(self, round_index, jobs, wrapper, params, buffers, optim, steps, loss_sums):
+    def _finish(self, jobs, views, wrapper, stacks, optim, steps, metrics) -> RoundResults:
+        """Each client's view back on the objective with its trained tensors, optimizer state and
+        tracked metrics, then the result as every backend builds it (:func:`fit_result`)."""
         model, results = self.model, {}
-        for i, job in enumerate(jobs):
-            self._begin(round_index, job)
-            with torch.no_grad():
-                for n, p in wrapper.named_parameters():
-                    if n in params:
-                        p.copy_(params[n][i])
-                for n, b in wrapper.named_buffers():
-                    if n in buffers:
-                        b.copy_(buffers[n][i])
+        for i, (job, view) in enumerate(zip(jobs, views, strict=True)):
+            view.restore(model)
+            wrapper.load_client(i, stacks)
             optimizer = split_optimizers(model.configure_optimizers())[0]
             by_id = {id(p): f"objective.{n}" for n, p in model.named_parameters()}
             num_steps = int(steps[i])
@@ -212,13 +223,9 @@ class CohortBackend(Backend):
                 if name in optim.state:
                     had = dict(optimizer.state.get(p, {}))
                     optimizer.state[p] = optim.client_state(name, i, num_steps > 0, had)
-            weights, extras, state = model.end_client(num_steps)
-            metrics = {"train_loss": float(loss_sums[i]) / num_steps} if num_steps else {}
-            upload = Upload(
-                job.client_id, weights, self.dm.client_num_samples(job.client_id), num_steps,
-                extras, job.payload.model_index, metrics,
-            )  # fmt: skip
-            results[job.client_id] = FitResult(upload, state)
+            metrics.load(i, model.batch_metrics)
+            samples = self.dm.client_num_samples(job.client_id)
+            results[job.client_id] = fit_result(model, job, samples, num_steps)
         return results
 
 

@@ -3,10 +3,11 @@ and the contract every client objective follows.
 
 An objective states its local objective as one method, :meth:`ClientModule.local_loss`, computed
 from the module's own forward; the round context it needs (the dispatched weights, a control
-variate, frozen models) is prepared in :meth:`ClientModule.begin_client`, and
-:meth:`ClientModule.end_client` returns the upload and the new persistent state. The same
-``local_loss`` drives every backend (:mod:`fedlightning.fit`). Any objective trains heterogeneous
-clients by the ``networks`` option, with no subclass.
+variate, frozen models) is prepared in :meth:`ClientModule.begin_client` as attributes of the
+module, and :meth:`ClientModule.end_client` returns the upload and the new persistent state. The
+same ``local_loss`` drives every backend (:mod:`fedlightning.fit`); the cohort backend stacks the
+attributes per client with nothing declared (:mod:`fedlightning.backends.cohort_context`). Any
+objective trains heterogeneous clients by the ``networks`` option, with no subclass.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlightning.clients.batch_metrics import BatchMetrics
 from fedlightning.clients.groups import assign_groups, check_nested
+from fedlightning.clients.per_client import VECTORIZED_FLAG, per_client_input
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.models import create_model
 from fedlightning.protocol import ClientKeys, Payload, StateDict
@@ -67,19 +70,22 @@ class ClientModule(pl.LightningModule):
     required_weighting: ClassVar[str | None] = None
     #: Lightning precisions this objective can train with (``None``: any), checked at start-up
     supported_precisions: ClassVar[frozenset[str] | None] = None
-    #: whether :meth:`local_loss` reads the client's persistent state (SCAFFOLD's ``c_i``, MOON's
-    #: previous model, FML's personal model)
-    loss_uses_client_state: ClassVar[bool] = False
-    #: the round-context contract for vectorized fits: names of the attributes that
-    #: :meth:`begin_client` sets to this client's round context and :meth:`local_loss` reads, other
-    #: than parameters and buffers of the module (those are per-client already). Each attribute
-    #: holds a Tensor, an ``nn.Module`` (frozen, e.g. MOON's global model) or a dict of either
-    #: (SCAFFOLD's ``c - c_i`` per parameter). The cohort backend reads them after each client's
-    #: ``begin_client``, stacks them across clients and, inside its ``vmap``, binds each client's
-    #: slice in their place while ``local_loss`` runs (:mod:`fedlightning.backends.cohort_state`).
-    #: An objective that keeps round context elsewhere trains the same sequentially but would use
-    #: the last client's context for the whole cohort: list every such attribute here.
-    round_context: ClassVar[tuple[str, ...]] = ()
+    #: The base class's own bookkeeping, never round context: the cohort backend stacks per
+    #: client the tensors and frozen modules of every other attribute (besides those of a bare
+    #: LightningModule). The round's inputs (properties ``client_id``, ``payload``, ``state``:
+    #: ``local_loss`` must not read them under the cohort, copy what it needs in
+    #: :meth:`begin_client`), the tracked metrics, the client groups, the constructor's settings,
+    #: ``save_hyperparameters``' record and the cohort's flag.
+    bookkeeping_attributes: ClassVar[frozenset[str]] = frozenset({
+        "_client_id", "_payload", "_state", "_batch_metrics",
+        "_nets", "groups", "group_index", "_by_keys",
+        "num_classes", "optimizer_name", "lr", "momentum", "weight_decay",
+        "_hparams", "_hparams_initial", "_hparams_name", VECTORIZED_FLAG,
+    })  # fmt: skip
+
+    client_id = per_client_input("client_id", "the client being fitted (``None`` outside a fit)")
+    payload = per_client_input("payload", "the server's :class:`~fedlightning.Payload` this round")
+    state = per_client_input("state", "the client's persistent state as its round began")
 
     def __init__(
         self,
@@ -119,8 +125,7 @@ class ClientModule(pl.LightningModule):
         self.client_id: int | None = None
         self.payload: Payload | None = None
         self.state: dict[str, Any] = {}
-        self._loss_sum: Tensor | float = 0.0
-        self._loss_batches = 0
+        self._batch_metrics = BatchMetrics()
         if networks is None:
             built = network if isinstance(network, nn.Module) else self.create_network(network)
             self.network = self.wrap_network(built)
@@ -166,8 +171,7 @@ class ClientModule(pl.LightningModule):
         self.payload = payload
         self.state = state
         self.load_network_state(payload.weights)
-        self._loss_sum = 0.0
-        self._loss_batches = 0
+        self._batch_metrics = BatchMetrics()
 
     def end_client(self, num_steps: int) -> tuple[StateDict, dict[str, Any], dict[str, Any]]:
         """``(trained weights, upload extras, new persistent state)`` after a fit that took
@@ -178,10 +182,22 @@ class ClientModule(pl.LightningModule):
         return weights, {}, self.state
 
     def client_metrics(self) -> dict[str, float]:
-        """Local training metrics of the round just fitted (``train_loss``: the mean local loss)."""
-        if not self._loss_batches:
-            return {}
-        return {"train_loss": float(self._loss_sum) / self._loss_batches}
+        """Local training metrics of the round just fitted: the mean over the fit's batches of
+        every value :meth:`track` recorded (``train_loss``: the local loss, unless the objective
+        tracks its own)."""
+        return self._batch_metrics.means()
+
+    @property
+    def batch_metrics(self) -> BatchMetrics:
+        """This round's per-batch metrics: a fit step runs through its ``step`` (on every backend)."""
+        return self._batch_metrics
+
+    def track(self, name: str, value: Tensor | float) -> None:
+        """Record ``value`` (one number) as this batch's ``name``, from :meth:`local_loss`; the
+        round's :meth:`client_metrics` report its mean over the fit's batches, on every backend.
+        ``train_loss`` is recorded from ``local_loss``'s value unless the objective tracks it
+        (e.g. its data loss without a regulariser). Ignored outside a fit step."""
+        self._batch_metrics.record(name, value)
 
     @property
     def group(self) -> str | None:
@@ -269,11 +285,12 @@ class ClientModule(pl.LightningModule):
         return F.cross_entropy(self(x), y)
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        """:meth:`local_loss`, with its running mean kept for ``train_loss``. Objectives override
-        ``local_loss``; one that overrides this hook gets a Trainer for its fits."""
-        loss = self.local_loss(batch)
-        self._loss_sum = self._loss_sum + loss.detach()
-        self._loss_batches += 1
+        """:meth:`local_loss`, with the values it tracked (and ``train_loss``) added to the fit's
+        metrics. Objectives override ``local_loss``; one that overrides this hook gets a Trainer
+        for its fits."""
+        loss, tracked = self.batch_metrics.step(self.local_loss, batch)
+        for name, value in tracked.items():
+            self.batch_metrics.add(name, value)
         return loss
 
     def make_optimizer(self, params: Iterable[Tensor]) -> torch.optim.Optimizer:

@@ -4,7 +4,7 @@ arXiv:1812.06127 (section 3, the proximal term)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,8 +36,6 @@ class FedProx(ClientModule):
         mu: proximal weight (>= 0); the papers use 0.001-0.1.
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
-
-    round_context: ClassVar[tuple[str, ...]] = ("_anchor",)
 
     def __init__(self, mu: float = 0.01, **kwargs: Any) -> None:
         if not mu >= 0:

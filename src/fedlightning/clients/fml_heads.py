@@ -101,7 +101,7 @@ class AdaptorHeads:
         """With adaptor heads: each client's label space from its training labels."""
         if self.adaptor_features is not None:
             self.label_counts = torch.as_tensor(datamodule.partition_table())
-            self.label_spaces = label_spaces_from(self.label_counts.numpy())
+            self.label_spaces = torch.stack(label_spaces_from(self.label_counts.numpy()))
 
     def _begin_head(self, client_id: int, state: dict[str, Any]) -> None:
         if self.label_spaces is None:

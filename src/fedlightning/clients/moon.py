@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -74,9 +74,6 @@ class MOON(ClientModule):
         projection_dim: output size of the projection head.
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
-
-    loss_uses_client_state: ClassVar[bool] = True
-    round_context: ClassVar[tuple[str, ...]] = ("_frozen",)
 
     def __init__(
         self, mu: float = 1.0, tau: float = 0.5, projection_dim: int = 256, **kwargs: Any

@@ -71,6 +71,9 @@ class FML(AdaptorHeads, ClientModule):
     neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
     independent-training (local only) baseline.
 
+    Training metrics (tracked per batch, the same on every backend): ``train_loss`` is the meme
+    model's loss ``loss_meme``, ``personal_train_loss`` the personal model's ``loss_local``.
+
     Args:
         alpha: weight of the personal model's CE against its KL to the meme, in [0, 1].
         beta: weight of the meme model's CE against its KL to the personal model, in [0, 1].
@@ -92,7 +95,6 @@ class FML(AdaptorHeads, ClientModule):
     """
 
     required_weighting: ClassVar[str | None] = "uniform"  # the server's mean of the memes
-    loss_uses_client_state: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -113,12 +115,11 @@ class FML(AdaptorHeads, ClientModule):
         )  # fmt: skip
         super().__init__(**kwargs)
         self.adaptor_features = adaptor_features
-        self.label_spaces: list[Tensor] | None = None
+        self.label_spaces: Tensor | None = None  # one clients x classes mask
         self._eval_head: tuple[Tensor, Tensor] | None = None
         if adaptor_features is not None:
             self.head = nn.Linear(adaptor_features, self.num_classes)
             self.label_mask = torch.ones(self.num_classes, dtype=torch.bool)
-            self.round_context = ("label_mask",)  # the cohort backend's per-client context
         if personal_networks is not None and not personal_networks:
             raise ConfigurationError(
                 "FML personal_networks must be null or a non-empty list, got []"
@@ -145,7 +146,6 @@ class FML(AdaptorHeads, ClientModule):
         self.alpha = alpha
         self.beta = beta
         self._optimizer: torch.optim.Optimizer | None = None
-        self._personal_loss_sum: Tensor | float = 0.0
 
     def _spec_of(self, name: str) -> tuple[str, dict[str, Any]]:
         same = name == self.hparams.get("network")
@@ -183,8 +183,7 @@ class FML(AdaptorHeads, ClientModule):
                 fresh = self._build_personal(self.personal_name(client_id))
                 self.personal.load_state_dict(fresh.state_dict())
         self.personal.train()
-        self._personal_loss_sum = 0.0
-        self._meme_loss_sum: Tensor | float = 0.0
+        self._optimizer = None  # this fit's, from configure_optimizers
         if self.adaptor_features is not None:
             self._begin_head(client_id, state)
 
@@ -211,8 +210,8 @@ class FML(AdaptorHeads, ClientModule):
         if self.adaptor_features is not None:
             out_local = mask_logits(out_local, self.label_mask)
         loss_meme, loss_local = dml_losses(self.meme_logits(x), out_local, y, self.alpha, self.beta)
-        self._personal_loss_sum = self._personal_loss_sum + loss_local.detach()
-        self._meme_loss_sum = self._meme_loss_sum + loss_meme.detach()
+        self.track("train_loss", loss_meme)  # the shared model's loss, as other objectives report
+        self.track("personal_train_loss", loss_local)
         # the graphs are disjoint (partners detached): each model gets the gradient of its own loss
         return loss_meme + loss_local
 
@@ -233,14 +232,6 @@ class FML(AdaptorHeads, ClientModule):
                 k: v.detach().to("cpu", copy=True) for k, v in self.head.state_dict().items()
             }
         return weights, extras, new
-
-    def client_metrics(self) -> dict[str, float]:
-        if not self._loss_batches:
-            return {}
-        return {
-            "train_loss": float(self._meme_loss_sum) / self._loss_batches,
-            "personal_train_loss": float(self._personal_loss_sum) / self._loss_batches,
-        }
 
     # -- evaluation -----------------------------------------------------------------------------
     def evaluate_clients(

@@ -68,8 +68,6 @@ class ScaffoldClient(ClientModule):
     required_payload_extras: ClassVar[frozenset[str]] = frozenset({"c"})
     upload_extras: ClassVar[frozenset[str]] = frozenset({"delta_c"})
     supported_precisions: ClassVar[frozenset[str]] = NO_SKIP_PRECISIONS
-    loss_uses_client_state: ClassVar[bool] = True
-    round_context: ClassVar[tuple[str, ...]] = ("_correction",)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

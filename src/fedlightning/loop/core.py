@@ -60,7 +60,9 @@ class FederatedLoop:
         aggregator: the server algorithm (default ``FedAvg()``).
         backend: how a round's client fits run (default ``AutoBackend()``: sequential on the CPU,
             the cohort on an accelerator where it applies; also ``SequentialBackend``,
-            ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it.
+            ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it,
+            beyond the cohort's float rounding: with BatchNorm ResNets or dropout it agrees
+            after a step, and over many rounds in distribution (:mod:`fedlightning.backends.base`).
         precision: Lightning precision of every client fit and evaluation.
         accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...); its device is also the
             server device, where the server state stays between rounds
