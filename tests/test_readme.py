@@ -10,7 +10,7 @@ import torch
 
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import ClientModule
-from fedlightning.server import FedAvgM
+from fedlightning.server import FedAvg, FedAvgM
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -44,6 +44,26 @@ def _readme_namespace() -> dict:
     for block in re.findall(r"```python\n(.*?)```", section, re.S):
         exec(compile(block, str(README), "exec"), namespace)
     return namespace
+
+
+class _MomentumOnEverything(FedAvg):
+    """The README's former example: momentum on every floating entry of the mean, BatchNorm
+    statistics included (``updates_buffers``, velocity for every floating entry)."""
+
+    updates_buffers = True
+
+    def __init__(self, beta: float = 0.9):
+        super().__init__()
+        self.beta = beta
+        self.add_state("velocity", "floating")
+
+    def server_update(self, server_round):
+        new = {}
+        for key, mean in server_round.mean.items():
+            if mean.is_floating_point():
+                self.velocity[key] = self.beta * self.velocity[key] + self.weights[key] - mean
+                new[key] = self.weights[key] - self.velocity[key]
+        return new
 
 
 def _watched(cls):
@@ -100,3 +120,15 @@ def test_server_momentum_stays_finite_on_a_batchnorm_model(name, tmp_path):
     assert aggregator.buffers_took_mean and min(aggregator.smallest_var) >= 0
     final = torch.load(tmp_path / "global.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in final.values() if v.is_floating_point())
+
+
+def test_momentum_on_batchnorm_statistics_is_the_failure_the_hook_prevents(tmp_path):
+    """Regression guard for the example above: the same run with the momentum applied to the
+    BatchNorm statistics too (the README's former example) drives running_var negative, and the
+    loop refuses those rounds (non-finite test loss) instead of finishing with a NaN model."""
+    aggregator = _watched(_MomentumOnEverything)()
+    loop = _bn_run(aggregator, tmp_path)
+    assert min(aggregator.smallest_var) < 0
+    assert loop.summary.rounds_skipped >= 1 and loop.summary.failed_rounds
+    final = torch.load(tmp_path / "global.pt", weights_only=True)
+    assert all(v.min() >= 0 for k, v in final.items() if k.endswith("running_var"))

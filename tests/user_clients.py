@@ -82,6 +82,15 @@ class ServerNesterov(FedAvg):
         return new
 
 
+class NaNServer(FedAvg):
+    """An aggregator that writes NaN into the global model every round (its first parameter): the
+    run must fail, naming it and the key, never save the NaN model or exit 0."""
+
+    def server_update(self, server_round):
+        key = server_round.parameter_keys[0]
+        return {key: torch.full_like(server_round.mean[key], float("nan"))}
+
+
 class WrongShapeUpload(ClientModule):
     """Client 2 uploads its first weight tensor flattened: a wrong shape that must be rejected as
     that client's failure, not crash the aggregation or the evaluation."""
