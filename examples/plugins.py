@@ -26,24 +26,17 @@ class LabelSmoothing(ClientModule):
 
 
 class ServerMomentum(FedAvg):
-    """v <- beta * v + (w - mean);  w <- w - v  (server momentum on the averaged update)."""
+    """Server momentum on the mean of the uploads: d = w - mean, v <- beta * v + d, w <- w - v."""
 
     def __init__(self, beta: float = 0.9, **kwargs):
         super().__init__(**kwargs)
-        self.beta, self.velocity = beta, {}
+        self.beta = beta
+        self.add_state("velocity", "parameters")  # zeros like each trainable parameter
 
-    def server_step(self, round_index, averaged):
-        new = dict(averaged)
-        for key, mean in averaged.items():
-            if mean.is_floating_point():
-                step = self.weights[key] - mean
-                self.velocity[key] = self.beta * self.velocity.get(key, 0) + step
-                new[key] = self.weights[key] - self.velocity[key]
+    def server_update(self, server_round):
+        new = {}
+        for key in server_round.parameter_keys:  # buffers (BatchNorm statistics) take the mean
+            d = self.weights[key] - server_round.mean[key]
+            self.velocity[key] = self.beta * self.velocity[key] + d
+            new[key] = self.weights[key] - self.velocity[key]
         return new
-
-    def state_dict(self):
-        return {**super().state_dict(), "velocity": self.velocity}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.velocity = dict(state["velocity"])

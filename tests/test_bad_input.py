@@ -102,7 +102,7 @@ CASES = [
     (["--ckpt_path", "{made}/round-str.ckpt"], r"is inconsistent: 'round' is str, expected int"),
     (["--ckpt_path", "{made}/no-history.ckpt"], r"is inconsistent: 'history' is NoneType, expected list"),
     (["--ckpt_path", "{made}/format1.ckpt"], r"has format 'fedlightning-checkpoint-1' but this fedlightning reads 'fedlightning-checkpoint-2'"),
-    (["--ckpt_path", "{made}/bad-aggregator.ckpt"], r"is inconsistent with this run: its state does not load \(KeyError"),
+    (["--ckpt_path", "{made}/bad-aggregator.ckpt"], r"the checkpoint's FedAvg state has no 'weights' \(declared by FedAvg"),
     (["--ckpt_path", "{made}/done"], r"ckpt_path='.*done' is a directory: give the checkpoint file"),
     (["--ckpt_path", "{made}/done/last.ckpt", "--loop.seed", "1"], r"seed is 0 in the checkpoint but 1 in this run; resume with the same --loop.seed"),
     (["--ckpt_path", "{made}/done/last.ckpt", AGG, "fedlightning.server.FedAvgM"], r"aggregator is 'fedlightning.server.fedavg.FedAvg' in the checkpoint but 'fedlightning.server.fedavgm.FedAvgM'"),

@@ -1,5 +1,7 @@
 """The plug-in contract, over every exported objective (``clients.__all__``) and aggregator
-(``server.__all__``): a new plug-in is covered here without editing a test.
+(``server.__all__``), and the user-written aggregators of ``PLUGINS`` (server updates on the
+documented ``server_update`` hook with ``add_state``, as the README shows): a new plug-in is
+covered here without editing a test, by adding it to its list.
 
 Each plug-in is paired with the first registered partner that fits it (the loop's own pairing
 rules), then: one round on tiny data; the aggregator's ``state_dict`` round-trips; 1 round + resume
@@ -7,7 +9,8 @@ equals 2 rounds straight, bitwise; heterogeneous clients (``networks``) either t
 with a ConfigurationError before anything is written; the cohort backend equals the sequential
 one up to float rounding for every objective and every aggregator, and for the user-written
 objectives of :data:`PLUGIN_OBJECTIVES` (round context derived, nothing declared); it refuses those
-of :data:`COHORT_REFUSALS`, naming the attribute, while the sequential backend trains them.
+of :data:`COHORT_REFUSALS`, naming the attribute, while the sequential backend trains them; (slow)
+every user-written aggregator of :data:`PLUGINS` gives the same bits on Ray as sequentially.
 """
 
 import inspect
@@ -16,17 +19,19 @@ import pytest
 import torch
 
 from fedlightning import FederatedDataModule, FederatedLoop, clients, server
-from fedlightning.backends import CohortBackend, SequentialBackend
+from fedlightning.backends import CohortBackend, RayBackend, SequentialBackend
 from fedlightning.errors import ConfigurationError
-from user_clients import FedDynClient, FedDynReadingState, PerClientSmoothing
+from user_clients import FedDynClient, FedDynReadingState, PerClientSmoothing, ServerNesterov
 
 #: a tiny ResNet, so that every rule (InCo's ResNet layer pairs, MOON's features) applies
 NETWORK = dict(network="resnet14", network_kwargs={"width": 4, "stem": "small"}, num_classes=3,
                in_channels=1, image_size=8, lr=0.05)  # fmt: skip
 OBJECTIVES = [getattr(clients, n) for n in clients.__all__]
+#: user-written aggregators on the server_update hook, held to the built-ins' contract
+PLUGINS = [ServerNesterov]
 AGGREGATORS = [
     getattr(server, n) for n in server.__all__ if not inspect.isabstract(getattr(server, n))
-]
+] + PLUGINS
 #: user-written objectives (tests/user_clients.py) with per-client round context of their own
 PLUGIN_OBJECTIVES = [FedDynClient]
 #: user-written objectives the cohort cannot train, and what its refusal names
@@ -206,3 +211,24 @@ def test_the_cohort_backend_equals_sequential_under_every_aggregator(aggregator_
     objective_cls = next(o for o in OBJECTIVES if _aggregator(aggregator_cls, o) is not None)
     refusal = _sequential_and_cohort(objective_cls, aggregator_cls, tmp_path)
     assert refusal is None, refusal
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow  # Ray's start-up and actors: about half a minute
+@pytest.mark.parametrize("aggregator_cls", PLUGINS, ids=lambda c: c.__name__)
+def test_every_plugin_aggregator_gives_the_same_bits_on_ray(aggregator_cls, local_ray, tmp_path):
+    objective_cls, _ = _partner_objective(aggregator_cls)
+    states = []
+    for backend in (SequentialBackend(), RayBackend(num_workers=2)):
+        torch.manual_seed(0)
+        loop = _run(_objective(objective_cls), _aggregator(aggregator_cls, objective_cls),
+                    tmp_path / type(backend).__name__, 2, backend=backend)  # fmt: skip
+        states.append(loop.aggregator.state_dict())
+    assert _bitwise(states[0], states[1])

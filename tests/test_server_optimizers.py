@@ -1,4 +1,4 @@
-"""Server optimizers on the server_step hook (Reddi et al., "Adaptive Federated Optimization",
+"""Server optimizers on the server_update hook (Reddi et al., "Adaptive Federated Optimization",
 ICLR 2021, arXiv:2003.00295; FedAvgM: Hsu et al., arXiv:1909.06335), by hand on two rounds."""
 
 import pytest

@@ -65,29 +65,31 @@ class BrokenObjective(ClientModule):
 
 
 class ServerNesterov(FedAvg):
-    """A user-written server optimizer, as the README's "adding an algorithm" shows: Nesterov
-    momentum on the pseudo-gradient ``d = w - mean``: ``v <- beta v + d``, ``w <- w - (beta v + d)``."""
+    """A user-written server optimizer on the documented hook, as the README's "adding an
+    algorithm" shows: Nesterov momentum on the pseudo-gradient ``d = w - mean``:
+    ``v <- beta v + d``, ``w <- w - (beta v + d)`` on the parameters (buffers take the mean)."""
 
     def __init__(self, beta: float = 0.5, **kwargs):
         super().__init__(**kwargs)
-        self.beta, self.velocity = beta, {}
+        self.beta = beta
+        self.add_state("velocity", "parameters")
 
-    def server_step(self, round_index, averaged):
-        new = dict(averaged)
-        for key, mean in averaged.items():
-            if mean.is_floating_point() and not key.endswith(("running_mean", "running_var")):
-                d = self.weights[key] - mean
-                v = self.beta * self.velocity.get(key, torch.zeros_like(d)) + d
-                self.velocity[key] = v
-                new[key] = self.weights[key] - (self.beta * v + d)
+    def server_update(self, server_round):
+        new = {}
+        for key in server_round.parameter_keys:
+            d = self.weights[key] - server_round.mean[key]
+            self.velocity[key] = self.beta * self.velocity[key] + d
+            new[key] = self.weights[key] - (self.beta * self.velocity[key] + d)
         return new
 
-    def state_dict(self):
-        return {**super().state_dict(), "velocity": self.velocity}
 
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self.velocity = {k: v.clone() for k, v in state["velocity"].items()}
+class NaNServer(FedAvg):
+    """An aggregator that writes NaN into the global model every round (its first parameter): the
+    run must fail, naming it and the key, never save the NaN model or exit 0."""
+
+    def server_update(self, server_round):
+        key = server_round.parameter_keys[0]
+        return {key: torch.full_like(server_round.mean[key], float("nan"))}
 
 
 class WrongShapeUpload(ClientModule):

@@ -236,6 +236,14 @@ class ClientModule(pl.LightningModule):
             for g in assign_groups(num_clients, len(self.groups))
         ]
 
+    def server_parameter_names(self) -> frozenset[str]:
+        """The state_dict keys of the server model (the largest group's network with
+        ``networks``) that are trainable parameters, passed to the aggregator's ``setup``: what a
+        server update steps; every other entry is a buffer (BatchNorm statistics, counters)."""
+        server = max(self._nets, key=lambda net: len(net.state_dict()))
+        named = server.named_parameters(remove_duplicate=False)  # tied weights: every name
+        return frozenset(name for name, p in named if p.requires_grad)
+
     @classmethod
     def check_precision(cls, precision: str) -> None:
         """Raise a ConfigurationError if this objective cannot train in ``precision``."""

@@ -29,6 +29,7 @@ from fedlightning.loop.failures import check_for_bug, sort_results
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
 from fedlightning.loop.sampling import sample_clients
+from fedlightning.loop.server_guard import ServerGuard
 from fedlightning.loop.startup import PRECISIONS, check_arguments, open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
 from fedlightning.loop.targets import TargetTracker
@@ -76,7 +77,9 @@ class FederatedLoop:
         min_clients: a round aggregates only if at least this many uploads succeed.
         on_round_failure: ``skip`` the aggregation of a round with fewer than ``min_clients``
             successful uploads (the server state stays as it was), or ``stop`` the run. Either
-            way, failures that are bugs stop the run (:mod:`fedlightning.loop.failures`).
+            way, failures that are bugs stop the run (:mod:`fedlightning.loop.failures`). A round
+            that leaves NaN/Inf in the server state or a non-finite test loss is a failed round
+            too: its aggregation is undone (:mod:`fedlightning.loop.server_guard`).
         client_state: keep per-client state in ``memory`` or on ``disk`` under
             ``run_dir/client_state`` (bounded memory for thousands of stateful clients).
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
@@ -232,6 +235,9 @@ class FederatedLoop:
         fabric = fabric_for(self.fit_config.accelerator, self.precision)  # evaluation's context
         evaluator = Evaluator(fabric.device, fabric.autocast)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
+        guard = ServerGuard(
+            self.aggregator, self.summary, self.on_round_failure, self.server.device
+        )
         started = time.perf_counter()
         with self.reporter.progress(self.rounds, start_round) as advance:
             for r in range(start_round, self.rounds):
@@ -249,7 +255,7 @@ class FederatedLoop:
                 uploads = outcome.uploads
                 self.summary.record_round(len(uploads) >= self.min_clients)
                 if len(uploads) >= self.min_clients:
-                    self.aggregator.aggregate(r, uploads)
+                    guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
                 elif self.on_round_failure == "stop":
                     self._stop(r, len(uploads), per_round)
                 else:
@@ -278,19 +284,24 @@ class FederatedLoop:
                         **self.aggregator.round_metrics(),
                     }
                     self.target.add_time(metrics["round_time_s"])
-                    metrics.update(self.target.update(r + 1, metrics, last))
-                    self.history.append(metrics)
-                    self.reporter.log(metrics)
-                    self.reporter.round_line(metrics, self.rounds, last)
+                    if guard.evaluation_failed(r, metrics):  # state restored, row not logged
+                        metrics = self.history[-1] if self.history else {}
+                    else:
+                        metrics.update(self.target.update(r + 1, metrics, last))
+                        self.history.append(metrics)
+                        self.reporter.log(metrics)
+                        self.reporter.round_line(metrics, self.rounds, last)
                 else:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
                     self._save_checkpoint(r + 1)
                 advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
-        atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
+        unsaved = guard.final_model_problem(self.aggregator.global_state())  # None: finite
+        if unsaved is None:
+            atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
         self.reporter.close()
         self.reporter.summary(self.summary.lines())
-        failure = self.summary.verdict(self.max_skipped_fraction)
+        failure = unsaved or self.summary.verdict(self.max_skipped_fraction)
         if failure is not None:
             raise RunStopped(f"run failed: {failure}; results are in {self.run_dir}")
         self.reporter.done(

@@ -160,6 +160,7 @@ def prepare_run(
     loop.aggregator.setup(
         loop.server.place(initial), datamodule.num_clients, loop.seed,
         client_keys=model.client_key_sets(datamodule.num_clients),
+        parameters=model.server_parameter_names(),
     )  # fmt: skip
     needed = loop.aggregator.initial_states_needed(per_round)
     if needed:  # e.g. FedCross(independent_init=True): K independently initialised models

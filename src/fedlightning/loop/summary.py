@@ -1,7 +1,8 @@
 """The run summary: what happened over a whole run, printed at its end, and the exit rule.
 
-Counts rounds aggregated and skipped, and client failures (by distinct traceback) and rejections
-(by distinct reason). Each distinct traceback is logged in full once, the first time it occurs;
+Counts rounds aggregated and skipped (a round whose aggregation was undone for a non-finite server
+state or test loss, :mod:`fedlightning.loop.server_guard`, counts as skipped, by reason), and
+client failures (by distinct traceback) and rejections (by distinct reason). Each distinct traceback is logged in full once, the first time it occurs;
 later occurrences are one line pointing back to it, and the summary gives each a count (a broken
 objective no longer prints the same traceback once per client per round). :meth:`RunSummary.verdict`
 says whether the run failed: no round aggregated, or more than ``max_skipped_fraction`` of the
@@ -31,6 +32,7 @@ class RunSummary:
         self.rounds_skipped = 0
         self.failures: dict[str, _Failure] = {}
         self.rejections: dict[str, _Failure] = {}
+        self.failed_rounds: dict[str, _Failure] = {}  # by reason (loop.server_guard)
 
     # -- during the run -------------------------------------------------------------------------
     def record_failures(self, round_index: int, grouped: dict[str, list[int]]) -> None:
@@ -73,6 +75,15 @@ class RunSummary:
         else:
             self.rounds_skipped += 1
 
+    def record_failed_round(self, round_index: int, reason: str, aggregated: bool) -> None:
+        """Round ``round_index`` failed for ``reason`` (a non-finite server state or test loss):
+        an aggregated round it undid counts as skipped from now on."""
+        if aggregated:
+            self.rounds_aggregated -= 1
+            self.rounds_skipped += 1
+        seen = self.failed_rounds.setdefault(reason, _Failure(round_index + 1))
+        seen.count += 1
+
     # -- at the end -----------------------------------------------------------------------------
     @property
     def rounds_trained(self) -> int:
@@ -96,6 +107,8 @@ class RunSummary:
                 f"  rejected {seen.count}x ({len(seen.clients)} client(s), first in round "
                 f"{seen.first_round}): {reason}"
             )
+        for reason, seen in self.failed_rounds.items():
+            lines.append(f"  round failed {seen.count}x (first round {seen.first_round}): {reason}")
         return lines
 
     def verdict(self, max_skipped_fraction: float) -> str | None:

@@ -3,9 +3,11 @@
 Aggregators are plain torch on state_dicts: they never import Lightning and can be tested with
 hand-made tensors. They are device-agnostic: they compute on the device of the tensors they are
 given and keep their state there (the loop gives them its server device,
-:mod:`fedlightning.loop.server_device`; docs/algorithms.md section 2.1). One round, as the loop drives it::
+:mod:`fedlightning.loop.server_device`; docs/algorithms.md section 2.1). One round, as the loop
+drives it::
 
-    aggregator.setup(initial, num_clients, seed, client_keys)   # once; client_keys may be None
+    aggregator.setup(initial, num_clients, seed, client_keys,   # once; client_keys may be None
+                     parameters=model.server_parameter_names())
     payloads = aggregator.configure_round(round, client_ids)    # {client_id: Payload}
     uploads  = [train(client_id, payloads[client_id]) ...]      # by the client objectives
     aggregator.aggregate(round, uploads)                        # new server state
@@ -20,15 +22,25 @@ clients with different key sets refuses them in :meth:`Aggregator.setup` with a
 :class:`~fedlightning.errors.ConfigurationError`.
 
 **One extension hook.** :class:`~fedlightning.server.fedavg.FedAvg` and every subclass aggregate
-by one template::
+by one template (docs/algorithms.md section 2.6)::
 
-    averaged = self.average(uploads)              # owner-aware mean (or robust statistic) of the
+    mean   = self.average(uploads)                # owner-aware mean (or robust statistic) of the
                                                   # keys the uploads own
-    self.weights = {**self.weights, **self.server_step(round_index, averaged)}
+    update = self.server_update(ServerRound(round_index, mean, owners, uploads, parameters))
+    # new state: update's values for the parameter keys it returns, the mean for every other
+    # owned key (buffers), unowned keys unchanged
 
-``server_step(round_index, averaged) -> StateDict`` is the hook for "mean of uploads -> new
-state" (FedAvg returns ``averaged``; FedAvgM and FedAdam apply a server optimizer). Keys that no
-upload owns are not in ``averaged`` and stay unchanged. ``self.weights`` is the server model.
+``server_update(server_round) -> StateDict`` (:class:`~fedlightning.server.round.ServerRound`) is
+the hook for "mean of uploads -> new state" (FedAvg returns ``{}``; FedAvgM and FedAdam apply a
+server optimizer, SCAFFOLD updates ``c``, FedNova takes its normalised step).
+``self.weights`` is the server model.
+
+**Declared state.** An aggregator declares each state_dict it keeps across rounds once, in
+``__init__``: ``self.add_state("momentum", "parameters")`` (:meth:`Aggregator.add_state`). The base
+:meth:`Aggregator.setup` builds it on the server device, :meth:`Aggregator.state_dict` and
+:meth:`Aggregator.load_state_dict` carry it (a checkpoint that does not fit the declaration is a
+ConfigurationError naming the state and the key), and :meth:`Aggregator.declared_states` lists it.
+Set-up work that is not state goes in :meth:`Aggregator.on_setup`.
 
 Everything a resumed run needs is returned by :meth:`Aggregator.state_dict`. The loop reads
 ``payload_extras``, ``required_upload_extras`` and ``weighting`` from the instance (class
@@ -38,11 +50,16 @@ attributes or properties, as a wrapper such as InCo forwards its inner aggregato
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import ClientKeys, Payload, StateDict, Upload
+from fedlightning.server.declared_state import Declarations, StateInit
+from fedlightning.server.functional import clone_state, parameter_keys
+
+#: one :class:`ClientKeys` per client, or ``None`` (every client trains the whole model)
+ClientKeyList = Sequence[ClientKeys] | None
 
 
 def restrict(state: StateDict, keys: frozenset[str] | None) -> StateDict:
@@ -58,6 +75,27 @@ def group_keys(client_keys: Sequence[ClientKeys] | None) -> dict[str, frozenset[
     return out
 
 
+def check_client_keys(initial: StateDict, client_keys: list[ClientKeys], num_clients: int) -> None:
+    """Raise a ConfigurationError unless ``client_keys`` has one entry per client, each group's
+    keys are keys of the server model ``initial``, and the clients of a group own the same keys."""
+    require(
+        len(client_keys) == num_clients,
+        "client_keys",
+        len(client_keys),
+        f"one entry per client ({num_clients})",
+    )
+    groups = group_keys(client_keys)
+    for group, keys in groups.items():
+        missing = sorted(keys - set(initial))
+        if missing:
+            raise ConfigurationError(
+                f"client group {group} has keys {missing[:3]} that the server model lacks"
+            )
+    for group, keys in client_keys:
+        if keys != groups[group]:
+            raise ConfigurationError(f"clients of group {group} own different keys")
+
+
 class Aggregator(ABC):
     """Base class of all server aggregators.
 
@@ -71,6 +109,8 @@ class Aggregator(ABC):
     num_clients: int = 0
     seed: int = 0
     client_keys: list[ClientKeys] | None = None
+    #: the server state's keys that are trainable parameters (set by :meth:`setup`)
+    parameters: frozenset[str] = frozenset()
 
     def setup(
         self,
@@ -78,9 +118,12 @@ class Aggregator(ABC):
         num_clients: int,
         seed: int = 0,
         client_keys: Sequence[ClientKeys] | None = None,
+        *,
+        parameters: Iterable[str] | None = None,
     ) -> None:
         """Initialise (or re-initialise) all server state from the template model's state_dict
-        ``initial``, the server model whose keys contain every client's.
+        ``initial``, the server model whose keys contain every client's: every declared state
+        (:meth:`add_state`) is built on the device of ``initial``, then :meth:`on_setup` runs.
 
         ``seed`` is the run's seed: an aggregator that needs randomness (e.g. FedCross's shuffle of
         the sampled clients) derives it from ``(seed, round)`` with
@@ -89,28 +132,68 @@ class Aggregator(ABC):
         ``client_keys`` (from the client objective's ``client_key_sets``) gives each client's group
         and keys, one entry per client; ``None`` means every client trains the whole ``initial``
         model. Clients of one group own the same keys.
+
+        ``parameters``: the keys of ``initial`` that are trainable parameters (the loop passes the
+        model's, :meth:`fedlightning.clients.ClientModule.server_parameter_names`); the others are
+        buffers. ``None`` falls back to :func:`~fedlightning.server.functional.parameter_keys`
+        (floating entries that are not normalisation running statistics), for an aggregator used
+        without a model.
         """
+        parameters = frozenset(parameter_keys(initial) if parameters is None else parameters)
+        unknown = sorted(parameters - set(initial))
+        if unknown:
+            raise ConfigurationError(
+                f"parameters {unknown[:3]} are not keys of the server model's state_dict"
+            )
+        initial, client_keys, parameters = self.server_key_space(initial, client_keys, parameters)
         self.num_clients = num_clients
         self.seed = seed
         self.client_keys = None if client_keys is None else list(client_keys)
-        if self.client_keys is None:
-            return
-        require(
-            len(self.client_keys) == num_clients,
-            "client_keys",
-            len(self.client_keys),
-            f"one entry per client ({num_clients})",
-        )
-        groups = self.group_keys()
-        for group, keys in groups.items():
-            missing = sorted(keys - set(initial))
-            if missing:
-                raise ConfigurationError(
-                    f"client group {group} has keys {missing[:3]} that the server model lacks"
-                )
-        for group, keys in self.client_keys:
-            if keys != groups[group]:
-                raise ConfigurationError(f"clients of group {group} own different keys")
+        self.parameters = parameters
+        if self.client_keys is not None:
+            check_client_keys(initial, self.client_keys, num_clients)
+        declarations = self._declarations
+        for spec in declarations.specs.values():
+            setattr(self, spec.name, spec.build(initial, parameters))
+        declarations.allocated = True
+        self.on_setup(initial)
+
+    def server_key_space(
+        self, initial: StateDict, client_keys: ClientKeyList, parameters: frozenset[str]
+    ) -> tuple[StateDict, ClientKeyList, frozenset[str]]:
+        """The server's key space: ``initial``, ``client_keys`` and ``parameters`` as the server
+        state names them. The model's own by default; ``FedAvg(within_groups=True)`` keeps one
+        model per group under ``<group>/<key>``."""
+        return initial, client_keys, parameters
+
+    def on_setup(self, initial: StateDict) -> None:  # noqa: B027 (an optional hook)
+        """Called at the end of :meth:`setup`, with ``initial`` in the server's key space and every
+        declared state built: check what the configuration cannot serve, derive what is not
+        state (e.g. SCAFFOLD's owner counts). Nothing by default."""
+
+    # -- declared state ---------------------------------------------------------------------------
+    def add_state(self, name: str, init: StateInit, *, fill: float = 0.0) -> None:
+        """Declare a state_dict this aggregator keeps across rounds (call it in ``__init__``, as
+        torchmetrics' ``add_state``): ``self.<name>`` holds it, :meth:`setup` builds it from the
+        initial server state on its device, :meth:`state_dict`/:meth:`load_state_dict` carry it
+        under ``name``.
+
+        ``init``: ``"model"`` (a copy of the initial server state), ``"parameters"`` (``fill``,
+        by default zeros, like each trainable parameter), ``"floating"`` (``fill`` like every
+        floating entry) or a callable ``init(initial, parameters) -> StateDict``
+        (:class:`~fedlightning.server.declared_state.StateSpec`). Until :meth:`setup` it is ``{}``.
+        """
+        self._declarations.add(type(self).__name__, name, init, fill)
+        setattr(self, name, {})
+
+    def declared_states(self) -> dict[str, str]:
+        """Every declared state's name and how it starts (for the run's identity and the docs)."""
+        return {name: spec.describe() for name, spec in self._declarations.specs.items()}
+
+    @property
+    def _declarations(self) -> Declarations:
+        # created on first use: a subclass need not call Aggregator.__init__
+        return vars(self).setdefault("_declared_state", Declarations())
 
     def group_keys(self) -> dict[str, frozenset[str]]:
         """Each client group's keys, in order of first appearance (empty without client_keys)."""
@@ -177,10 +260,20 @@ class Aggregator(ABC):
             out.setdefault(group, restrict(out["global"], keys))
         return out
 
-    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """All server state, for checkpoints."""
+        """All server state, for checkpoints: every declared state under its name, and
+        ``num_clients``. Override (calling this) to add state that is not a declared
+        state_dict."""
+        states = {name: getattr(self, name) for name in self._declarations.specs}
+        return {**states, "num_clients": self.num_clients}
 
-    @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the state returned by :meth:`state_dict`."""
+        """Restore the state returned by :meth:`state_dict` (after :meth:`setup`: the declared
+        states must have this run's key sets and shapes, else a ConfigurationError naming the
+        state and the key)."""
+        declarations = self._declarations
+        current = {name: getattr(self, name) for name in declarations.specs}
+        declarations.check(type(self).__name__, state, current)
+        for name in declarations.specs:
+            setattr(self, name, clone_state(state[name]))
+        self.num_clients = state["num_clients"]

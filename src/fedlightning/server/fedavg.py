@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, StateDict, Upload
-from fedlightning.server.base import Aggregator, ClientKeys, group_keys, restrict
+from fedlightning.server.base import Aggregator, ClientKeyList, ClientKeys, group_keys, restrict
 from fedlightning.server.functional import (
     clip_update,
-    clone_state,
     coordinate_median,
     owner_average,
     trimmed_mean,
 )
+from fedlightning.server.round import ServerRound, merge_update
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean")
 #: joins a group's name and a key in the server state of ``within_groups`` (model keys hold dots)
@@ -35,9 +35,13 @@ class FedAvg(Aggregator):
     ``w <- sum_{i in S} p_i w_i``. Integer buffers come from the first owner, BatchNorm
     ``running_var`` is clamped to >= 0. Each client receives the sub-state_dict of its own keys.
 
-    ``aggregate`` is a template (see :mod:`fedlightning.server.base`):
-    ``averaged = self.average(uploads)``, then :meth:`server_step` turns the mean into the new
-    server state; subclasses override ``server_step`` (server optimizers) or ``average``.
+    ``aggregate`` is the template of every server update on the mean (docs/algorithms.md section
+    2.6): ``mean = self.average(uploads)``, then the one hook :meth:`server_update` receives the
+    round (:class:`~fedlightning.server.round.ServerRound`: the mean, per-key owner counts, the
+    uploads, which keys are parameters) and returns new values for parameter keys; buffers
+    (BatchNorm statistics, counters) take the mean unless a subclass sets ``updates_buffers``.
+    FedAvg's update is the mean itself. State kept across rounds is declared with
+    :meth:`~fedlightning.server.base.Aggregator.add_state` (FedAvg's: ``weights``).
 
     Computed on the device of the server state and the uploads (the loop's server device): the
     mean accumulates in float64, or as a compensated float32 sum on a device without float64
@@ -64,6 +68,10 @@ class FedAvg(Aggregator):
         within_groups: one model per client group, no sharing across groups.
     """
 
+    #: whether :meth:`server_update`'s values for buffer keys (BatchNorm statistics, counters)
+    #: are used; by default buffers always take the mean
+    updates_buffers: bool = False
+
     def __init__(
         self,
         weighting: Literal["samples", "uniform"] = "samples",
@@ -89,34 +97,34 @@ class FedAvg(Aggregator):
         self.trim_beta = trim_beta
         self.clip_norm = clip_norm
         self.within_groups = within_groups
-        self.weights: StateDict = {}
+        self.weights: StateDict = {}  # the server model (see add_state)
+        self.add_state("weights", "model")
 
     # -- setup and payloads ---------------------------------------------------------------------
-    def setup(
-        self,
-        initial: StateDict,
-        num_clients: int,
-        seed: int = 0,
-        client_keys: Sequence[ClientKeys] | None = None,
-    ) -> None:
-        if self.within_groups and client_keys is not None:
-            groups = group_keys(client_keys)
-            initial = {
-                _join(g, k): v
-                for g, keys in groups.items()
-                for k, v in initial.items()
-                if k in keys
-            }
-            owned = {g: frozenset(_join(g, k) for k in keys) for g, keys in groups.items()}
-            client_keys = [ClientKeys(g, owned[g]) for g, _ in client_keys]
-        super().setup(initial, num_clients, seed, client_keys)
+    def server_key_space(
+        self, initial: StateDict, client_keys: ClientKeyList, parameters: frozenset[str]
+    ) -> tuple[StateDict, ClientKeyList, frozenset[str]]:
+        """``within_groups``: each group's keys (and parameters) as ``<group>/<key>``."""
+        if not (self.within_groups and client_keys is not None):
+            return initial, client_keys, parameters
+        groups = group_keys(client_keys)
+        initial = {
+            _join(g, k): v for g, keys in groups.items() for k, v in initial.items() if k in keys
+        }
+        owned = {g: frozenset(_join(g, k) for k in keys) for g, keys in groups.items()}
+        client_keys = [ClientKeys(g, owned[g]) for g, _ in client_keys]
+        parameters = frozenset(
+            _join(g, k) for g, keys in groups.items() for k in parameters if k in keys
+        )
+        return initial, client_keys, parameters
+
+    def on_setup(self, initial: StateDict) -> None:
         if self.aggregation != "mean" and self.is_heterogeneous():
             raise ConfigurationError(
                 f"loop.aggregator.init_args.aggregation={self.aggregation!r} needs clients that "
                 "own the same keys, but these client groups own different keys: use 'mean' (the "
                 "owner-aware mean)"
             )
-        self.weights = clone_state(initial)
 
     @property
     def grouped(self) -> bool:
@@ -147,17 +155,20 @@ class FedAvg(Aggregator):
             return trimmed_mean(states, self.trim_beta)
         return owner_average(self.weights, states, self.client_weights(uploads))
 
-    def server_step(self, round_index: int, averaged: StateDict) -> StateDict:
-        """The extension hook: the new values of the keys in ``averaged`` (the mean of this
-        round's uploads over the keys they own), from the current ``self.weights``. FedAvg takes
-        the mean itself."""
-        return averaged
+    def server_update(self, server_round: ServerRound) -> StateDict:
+        """The extension hook: new values for parameter keys of ``server_round.mean``, computed
+        from the round and the current (pre-round) ``self.weights``. Keys it leaves out take the
+        mean; values for buffer keys are ignored unless ``updates_buffers``; keys no upload owns
+        stay unchanged. FedAvg takes the mean itself (``{}``)."""
+        return {}
 
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
         if self.grouped:
             uploads = [self._group_upload(u) for u in uploads]
-        averaged = self.average(uploads)
-        self.weights = {**self.weights, **self.server_step(round_index, averaged)}
+        server_round = ServerRound.of(round_index, self.average(uploads), uploads, self.parameters)
+        update = self.server_update(server_round)
+        new = merge_update(server_round, update, self.updates_buffers, type(self).__name__)
+        self.weights = {**self.weights, **new}
 
     # -- state ----------------------------------------------------------------------------------
     def group_models(self) -> dict[str, StateDict]:
@@ -176,13 +187,6 @@ class FedAvg(Aggregator):
             models = self.group_models()
             return {"global": max(models.values(), key=len), **models}
         return super().deployables()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"weights": self.weights, "num_clients": self.num_clients}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.weights = clone_state(state["weights"])
-        self.num_clients = state["num_clients"]
 
     def _group_upload(self, upload: Upload) -> Upload:
         group = self.client_keys[upload.client_id].group  # type: ignore[index]

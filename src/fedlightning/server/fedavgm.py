@@ -1,32 +1,31 @@
 """FedAvgM: Hsu et al., "Measuring the Effects of Non-Identical Data Distribution for Federated
 Visual Classification", arXiv:1909.06335, 2019 (server momentum); as the SGD-with-momentum server
 optimizer of Reddi et al., "Adaptive Federated Optimization", ICLR 2021, arXiv:2003.00295
-(Algorithm 1). docs/algorithms.md section 2.1."""
+(Algorithm 1). docs/algorithms.md section 2.5."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
-
-import torch
+from typing import Literal
 
 from fedlightning.errors import require
 from fedlightning.protocol import StateDict
-from fedlightning.server.base import ClientKeys
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.server.functional import clone_state, parameter_keys
+from fedlightning.server.round import ServerRound
 from fedlightning.server.summation import wide
 
 
 class FedAvgM(FedAvg):
-    """FedAvg with server momentum: with ``averaged`` the FedAvg mean (owner-aware, see
-    :class:`FedAvg`), the pseudo-gradient ``d = w - averaged``, ``v <- beta v + d`` and
-    ``w <- w - server_lr v`` (``v`` starts at zero).
+    """FedAvg with server momentum (docs/algorithms.md section 2.5): with ``mean`` the FedAvg
+    mean (owner-aware, see :class:`FedAvg`), the pseudo-gradient ``d = w - mean``,
+    ``v <- beta v + d`` and ``w <- w - server_lr v`` (``v`` starts at zero). On a constant
+    pseudo-gradient the step tends to ``server_lr / (1 - beta)`` times ``d``: 10x at the default
+    ``beta = 0.9`` with ``server_lr = 1``.
 
-    The step applies to the floating parameters some client owned this round; BatchNorm running
-    statistics and integer buffers take the averaged value, unowned keys (and their ``v``) stay
-    unchanged. Evaluated as ``averaged + (1 - server_lr) d - server_lr beta v_old`` (the same
-    number), so ``server_lr=1, server_momentum=0`` is FedAvg bit for bit.
+    Written on the :meth:`server_update` hook: the step applies to the trainable parameters some
+    client owned this round; BatchNorm running statistics and integer buffers take the mean,
+    unowned keys (and their ``v``) stay unchanged. Evaluated as
+    ``mean + (1 - server_lr) d - server_lr beta v_old`` (the same number), so
+    ``server_lr=1, server_momentum=0`` is FedAvg bit for bit. State: ``momentum`` (``v``).
 
     Args:
         server_lr: the server learning rate (> 0).
@@ -55,31 +54,15 @@ class FedAvgM(FedAvg):
         self.server_lr = server_lr
         self.server_momentum = server_momentum
         self.momentum: StateDict = {}
+        self.add_state("momentum", "parameters")
 
-    def setup(
-        self,
-        initial: StateDict,
-        num_clients: int,
-        seed: int = 0,
-        client_keys: Sequence[ClientKeys] | None = None,
-    ) -> None:
-        super().setup(initial, num_clients, seed, client_keys)
-        self.momentum = {k: torch.zeros_like(self.weights[k]) for k in parameter_keys(self.weights)}
-
-    def server_step(self, round_index: int, averaged: StateDict) -> StateDict:
-        out, momentum = dict(averaged), dict(self.momentum)
+    def server_update(self, server_round: ServerRound) -> StateDict:
+        out, momentum = {}, {}
         lr, beta = self.server_lr, self.server_momentum
-        for key in parameter_keys(averaged):
-            mean, v = wide(averaged[key]), wide(self.momentum[key])
+        for key in server_round.parameter_keys:
+            mean, v = wide(server_round.mean[key]), wide(self.momentum[key])
             d = wide(self.weights[key]) - mean
-            out[key] = (mean + (1 - lr) * d - lr * beta * v).to(averaged[key].dtype)
+            out[key] = (mean + (1 - lr) * d - lr * beta * v).to(server_round.mean[key].dtype)
             momentum[key] = (beta * v + d).to(self.momentum[key].dtype)
-        self.momentum = momentum
+        self.momentum = {**self.momentum, **momentum}
         return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "momentum": self.momentum}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.momentum = clone_state(state["momentum"])

@@ -17,7 +17,7 @@ import torch
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.seeding import derive_seed
-from fedlightning.server.base import Aggregator, ClientKeys
+from fedlightning.server.base import Aggregator
 from fedlightning.server.fedcross_maths import (
     MEASURES,
     SELECTIONS,
@@ -52,6 +52,12 @@ __all__ = [
 # -- the aggregator ---------------------------------------------------------------------------------
 class FedCross(Aggregator):
     """Multi-model cross aggregation: K middleware models, each trained by one client per round.
+
+    FedCross overrides ``aggregate`` instead of the ``server_update`` hook of
+    :class:`~fedlightning.server.fedavg.FedAvg` (docs/algorithms.md section 2.6): there is no
+    single mean to update, each of the K middleware models is mixed with its collaborators'
+    trained models. Its state (the K models, K) is a list, so it writes its own
+    ``state_dict``/``load_state_dict`` instead of declaring state.
 
     Round r: the K sampled clients are shuffled (from ``(seed, "fedcross-shuffle", r)``, never the
     global RNG) and the i-th receives middleware model ``W[i]`` (``Payload.model_index = i``), so
@@ -96,8 +102,8 @@ class FedCross(Aggregator):
         selection: collaborator rule: ``lowest_similarity`` (default, the paper's best),
             ``highest_similarity`` or ``in_order``.
         similarity: ``cosine`` over all float parameters (the paper) or ``layerwise`` (the authors'
-            code: sum over layers of each layer's (weight, bias) cosine). Running statistics of
-            normalisation layers are not parameters and are left out (:func:`parameter_keys`).
+            code: sum over layers of each layer's (weight, bias) cosine), over the model's
+            trainable parameters (normalisation running statistics and counters are left out).
         num_models: K; ``null`` takes the number of clients sampled in the first round. It must
             equal the loop's clients per round (one model per sampled client).
         first_stage_bound: rounds of FedAvg warm-up (authors' code; 0 = none).
@@ -190,14 +196,7 @@ class FedCross(Aggregator):
         return round_index < self.first_stage_bound
 
     # -- the contract ---------------------------------------------------------------------------
-    def setup(
-        self,
-        initial: StateDict,
-        num_clients: int,
-        seed: int = 0,
-        client_keys: Sequence[ClientKeys] | None = None,
-    ) -> None:
-        super().setup(initial, num_clients, seed, client_keys)
+    def on_setup(self, initial: StateDict) -> None:
         partial = [g for g, keys in self.group_keys().items() if keys != set(initial)]
         if partial:
             raise ConfigurationError(
@@ -282,7 +281,7 @@ class FedCross(Aggregator):
             sim = (
                 torch.zeros(len(trained), len(trained))  # in_order reads only K
                 if self.selection == "in_order"
-                else similarity_matrix(trained, self.similarity)
+                else similarity_matrix(trained, self.similarity, self._parameter_order())
             )
             partners = [[c] for c in select_collaborators(sim, round_index, self.selection)]
         mixed = [
@@ -291,6 +290,10 @@ class FedCross(Aggregator):
         ]
         for a, i in enumerate(indices):
             self.models[i] = mixed[a]
+
+    def _parameter_order(self) -> list[str]:
+        """The trainable parameters (the model's, :meth:`setup`), in the state's order."""
+        return [k for k in self.initial if k in self.parameters]
 
     def global_state(self) -> StateDict:
         if not self.models:

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from fedlightning.protocol import StateDict, Upload
+from fedlightning.protocol import StateDict
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.functional import is_running_statistic, owner_combine, weighted_average
+from fedlightning.server.round import ServerRound
 
 
 def fednova_aggregate(
@@ -59,9 +60,10 @@ class FedNova(FedAvg):
     (p_i, tau_eff and the sum restricted to the owners, :func:`fednova_aggregate` on each set of
     keys with the same owners).
 
-    With equal ``a_i`` (equal step counts, no momentum) this is exactly FedAvg. BatchNorm running
-    statistics take the FedAvg mean (see :func:`fednova_aggregate`). Pair with
-    :class:`fedlightning.clients.FedNovaClient`.
+    Written on the :meth:`server_update` hook: the normalised step applies to the trainable
+    parameters; buffers (BatchNorm running statistics, counters) take the FedAvg mean, as
+    :func:`fednova_aggregate` does for running statistics. With equal ``a_i`` (equal step counts,
+    no momentum) this is exactly FedAvg. Pair with :class:`fedlightning.clients.FedNovaClient`.
 
     Args:
         weighting: ``samples`` (p_i by n_i, the paper) or ``uniform``.
@@ -75,12 +77,13 @@ class FedNova(FedAvg):
     ) -> None:
         super().__init__(weighting=weighting, within_groups=within_groups)
 
-    def average(self, uploads: Sequence[Upload]) -> StateDict:
-        """Normalised averaging of the keys the uploads own."""
+    def server_update(self, server_round: ServerRound) -> StateDict:
+        """Normalised averaging of the parameter keys the uploads own (buffers take the mean)."""
+        uploads = server_round.uploads
         a = [float(u.extras["a"]) for u in uploads]
         weights = self.client_weights(uploads)
         return owner_combine(
-            self.weights,
+            {k: self.weights[k] for k in server_round.parameter_keys},
             [u.weights for u in uploads],
             lambda server, states, owners: fednova_aggregate(
                 server, states, [a[i] for i in owners], [weights[i] for i in owners]

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import Payload, StateDict, Upload
-from fedlightning.server.base import Aggregator, ClientKeys
+from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.inco_pairs import (
     PAIR_RULES,
@@ -156,6 +156,12 @@ class InCo(Aggregator):
     moments) is the inner's. Everything else (payloads, state, deployables, extras, weighting) is
     the inner's.
 
+    InCo overrides ``aggregate`` rather than the ``server_update`` hook (docs/algorithms.md
+    section 2.6): it wraps an inner aggregator, whose own hook (a server optimizer, SCAFFOLD's
+    ``c``) runs first, and post-processes the inner's whole server update ``w_new - w_old``,
+    which only exists once the inner's round is done. It declares no state: its state is the
+    inner's (:meth:`declared_states` lists the inner's).
+
     InCoAvg is ``InCo()`` (inner ``FedAvg(weighting="uniform")``, the paper's mean over owners),
     InCoScaffold ``InCo(inner=Scaffold())``, InCoNova ``InCo(inner=FedNova())``; InCoProx and
     InCoMOON pair ``InCo()`` with those client objectives. In YAML:
@@ -238,14 +244,10 @@ class InCo(Aggregator):
     def weighting(self) -> str:
         return self.inner.weighting
 
-    def setup(
-        self,
-        initial: StateDict,
-        num_clients: int,
-        seed: int = 0,
-        client_keys: Sequence[ClientKeys] | None = None,
-    ) -> None:
-        self.inner.setup(initial, num_clients, seed, client_keys)
+    def on_setup(self, initial: StateDict) -> None:
+        self.inner.setup(
+            initial, self.num_clients, self.seed, self.client_keys, parameters=self.parameters
+        )
         self.pairs = inco_pairs(initial, self.pair_rule, self.explicit_pairs, self.layer0)
         if not self.pairs:
             raise ConfigurationError(
@@ -279,6 +281,9 @@ class InCo(Aggregator):
 
     def deployables(self) -> dict[str, StateDict]:
         return self.inner.deployables()
+
+    def declared_states(self) -> dict[str, str]:
+        return self.inner.declared_states()
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

@@ -5,14 +5,13 @@ docs/algorithms.md section 1.4."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
-import torch
-
-from fedlightning.protocol import Payload, StateDict, Upload
-from fedlightning.server.base import ClientKeys, restrict
+from fedlightning.protocol import Payload, StateDict
+from fedlightning.server.base import restrict
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.server.functional import clone_state, owner_counts
+from fedlightning.server.functional import owner_counts
+from fedlightning.server.round import ServerRound
 from fedlightning.server.summation import WeightedSum, wide
 
 
@@ -46,7 +45,8 @@ class Scaffold(FedAvg):
     ``c_p <- c_p + (1/N_p) sum_{i in S} delta_c_{i,p}``, ``N_p`` the number of clients (sampled or
     not) that own p (``N`` for homogeneous clients).
 
-    ``c`` starts at zero for every floating entry of the model; each sampled client receives ``c``
+    ``c`` (declared state) starts at zero for every floating entry of the model and is updated in
+    the :meth:`server_update` hook from the round's uploads; each sampled client receives ``c``
     restricted to its keys as the payload extra ``"c"``. Clients only use (and report ``delta_c``
     for) the trainable parameters, so the entries of ``c`` for float buffers stay zero. Pair with
     :class:`fedlightning.clients.ScaffoldClient`.
@@ -64,33 +64,22 @@ class Scaffold(FedAvg):
     ) -> None:
         super().__init__(weighting=weighting, within_groups=within_groups)
         self.c: StateDict = {}
+        self.add_state("c", "floating")
         self.owners: dict[str, int] = {}
 
-    def setup(
-        self,
-        initial: StateDict,
-        num_clients: int,
-        seed: int = 0,
-        client_keys: Sequence[ClientKeys] | None = None,
-    ) -> None:
-        super().setup(initial, num_clients, seed, client_keys)
-        self.c = {k: torch.zeros_like(v) for k, v in self.weights.items() if v.is_floating_point()}
+    def on_setup(self, initial: StateDict) -> None:
+        super().on_setup(initial)
         key_sets = None if self.client_keys is None else [ck.keys for ck in self.client_keys]
-        self.owners = owner_counts(list(self.c), key_sets, num_clients)
+        self.owners = owner_counts(list(self.c), key_sets, self.num_clients)
 
     def payload(self, keys: frozenset[str] | None) -> Payload:
         return Payload(restrict(self.weights, keys), extras={"c": restrict(self.c, keys)})
 
-    def average(self, uploads: Sequence[Upload]) -> StateDict:
-        """The model mean, after folding the uploads' ``delta_c`` into ``c``."""
+    def server_update(self, server_round: ServerRound) -> StateDict:
+        """Fold the uploads' ``delta_c`` into ``c``; the model takes the mean."""
         self.c = scaffold_server_control(
-            self.c, [u.extras["delta_c"] for u in uploads], self.owners or self.num_clients
+            self.c,
+            [u.extras["delta_c"] for u in server_round.uploads],
+            self.owners or self.num_clients,
         )
-        return super().average(uploads)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "c": self.c}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.c = clone_state(state["c"])
+        return {}

@@ -1,0 +1,144 @@
+"""Non-finite server state is never silent: a round whose aggregation leaves a NaN/Inf anywhere in
+the aggregator's state, or whose evaluation gives a non-finite test loss, is a failed round.
+
+:class:`ServerGuard` wraps the loop's call of ``aggregator.aggregate``. Before it, the
+aggregator's whole ``state_dict()`` is copied (a plug-in may update tensors in place); after it,
+the state is checked finite (one read-back per device,
+:func:`fedlightning.loop.failures.all_finite`).
+A non-finite entry fails the round: the log names the aggregator, the entry and key (e.g.
+``weights['fc.weight']``) and the round, the state is restored from the copy, the run summary
+counts the round as skipped with its reason, and ``loop.on_round_failure`` applies (``skip`` goes
+on, ``stop`` raises :class:`~fedlightning.errors.RunStopped`). A non-finite ``test_loss`` (or any
+``<model>/test_loss``) after evaluation fails the round the same way; that round's metrics row is
+not logged (it describes a model the run discarded), and the checkpoint written after it holds the
+restored state. Skipped rounds count toward ``loop.max_skipped_fraction``, so an aggregator that
+always writes NaN fails the run. Last, a non-finite final global model
+(:meth:`ServerGuard.final_model_problem`) is not saved as ``global.pt`` and fails the run.
+
+The state is restored to what it was before this round's aggregation: with ``eval_every > 1`` an
+earlier, unevaluated round may already have made the model useless while keeping it finite.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fedlightning.errors import RunStopped
+from fedlightning.loop.failures import all_finite
+from fedlightning.loop.summary import RunSummary
+from fedlightning.placement import move
+from fedlightning.protocol import Upload
+from fedlightning.server.base import Aggregator
+
+log = logging.getLogger("fedlightning")
+
+
+def non_finite_entry(state: dict[str, Any]) -> str | None:
+    """The first entry of ``state`` (nested dicts and lists of tensors and floats) holding a
+    NaN/Inf, written as it is indexed (``weights['fc.weight']``, ``models[1]['fc.bias']``), or
+    None when every entry is finite (checked first in one pass, then searched only on failure)."""
+    if all_finite(state):
+        return None
+    return next(_non_finite_paths(state, ""), None)
+
+
+def _non_finite_paths(value: Any, path: str):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{path}[{key!r}]" if path else str(key)
+            yield from _non_finite_paths(item, inner)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _non_finite_paths(item, f"{path}[{index}]")
+    elif isinstance(value, torch.Tensor):
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            yield path
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield path
+
+
+class ServerGuard:
+    """Keeps the server state finite across a run (see the module docstring).
+
+    Args:
+        aggregator: the run's aggregator.
+        summary: the run summary, where failed rounds are counted.
+        on_round_failure: ``skip`` or ``stop`` (``loop.on_round_failure``).
+        device: the server device, where the pre-round copy is kept.
+    """
+
+    def __init__(
+        self,
+        aggregator: Aggregator,
+        summary: RunSummary,
+        on_round_failure: str,
+        device: torch.device,
+    ) -> None:
+        self.aggregator = aggregator
+        self.summary = summary
+        self.on_round_failure = on_round_failure
+        self.device = device
+        self._before: dict[str, Any] | None = None  # the state before the last aggregation
+        self._aggregated: int | None = None  # the round that aggregation belongs to
+        self._failed: int | None = None  # the last round that failed here
+
+    @property
+    def name(self) -> str:
+        return type(self.aggregator).__name__
+
+    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
+        """``aggregator.aggregate(round_index, uploads)``, undone if it leaves non-finite state."""
+        self._before = move(self.aggregator.state_dict(), self.device, copy=True)
+        self._aggregated = round_index
+        self.aggregator.aggregate(round_index, uploads)
+        entry = non_finite_entry(self.aggregator.state_dict())
+        if entry is not None:
+            self._fail(
+                round_index,
+                f"{self.name}'s server state is not finite after aggregation ({entry} holds "
+                "NaN/Inf)",
+            )
+
+    def evaluation_failed(self, round_index: int, metrics: dict[str, float]) -> bool:
+        """Whether the round's evaluation gave a non-finite ``*test_loss``; if so, the round fails
+        (once) and its metrics row must not be logged."""
+        bad = [k for k, v in metrics.items() if k.endswith("test_loss") and not math.isfinite(v)]
+        if not bad:
+            self._before = None  # the round stands: free the copy
+            return False
+        if self._failed != round_index:
+            losses = ", ".join(f"{k}={metrics[k]}" for k in bad)
+            self._fail(
+                round_index,
+                f"the model aggregated by {self.name} has a non-finite test loss ({losses})",
+            )
+        return True
+
+    def final_model_problem(self, global_state: dict[str, Any]) -> str | None:
+        """Why the final global model must not be saved as ``global.pt`` (a NaN/Inf entry), or
+        None; the loop then fails the run (exit status 1 from the CLI)."""
+        entry = non_finite_entry(global_state)
+        if entry is None:
+            return None
+        return (
+            f"the final global model of {self.name} is not finite ({entry} holds NaN/Inf), so it "
+            "is not saved as global.pt"
+        )
+
+    def _fail(self, round_index: int, reason: str) -> None:
+        aggregated = self._aggregated == round_index and self._before is not None
+        if aggregated:
+            self.aggregator.load_state_dict(self._before)  # type: ignore[arg-type]
+        self._before = None
+        self._failed = round_index
+        self.summary.record_failed_round(round_index, reason, aggregated)
+        restored = "the server state is restored to before the round" if aggregated else ""
+        message = f"round {round_index + 1}: {reason}; {restored or 'nothing to restore'}"
+        if self.on_round_failure == "stop":
+            raise RunStopped(message + "; stopping as on_round_failure='stop'")
+        log.error("%s; the round is skipped", message)

@@ -1,0 +1,92 @@
+"""What a server update sees of one round: :class:`ServerRound` (docs/algorithms.md section 2.6).
+
+:meth:`fedlightning.server.fedavg.FedAvg.aggregate` builds one per round and hands it to the one
+extension hook, ``server_update(round) -> StateDict``; :func:`merge_update` then folds what the
+hook returned into the server state: its values for the parameter keys it returns, the mean for
+every other key some upload owns (BatchNorm statistics and counters are not gradient iterates: a
+server optimizer applied to them can drive ``running_var`` negative), and nothing for the keys no
+upload owns this round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from fedlightning.protocol import StateDict, Upload
+
+
+@dataclass(frozen=True, eq=False)
+class ServerRound:
+    """One round as the server update hook receives it (read-only: build new tensors).
+
+    Attributes:
+        index: the round, 0-based.
+        mean: the owner-aware combination of the keys this round's uploads own: per key, the
+            (sample- or uniformly) weighted mean over the uploads that own it, or the robust
+            statistic after clipping (``FedAvg``'s ``aggregation``/``clip_norm``); keys no upload
+            owns are absent.
+        owners: per key of ``mean``, how many of this round's uploads own it.
+        uploads: the round's successful uploads in sampling order, in the aggregator's key space
+            (``<group>/<key>`` with ``within_groups``).
+        parameters: every key of the server state that is a trainable parameter (from the model,
+            :meth:`fedlightning.clients.ClientModule.server_parameter_names`); the other entries
+            are buffers (BatchNorm statistics, ``num_batches_tracked``).
+    """
+
+    index: int
+    mean: StateDict
+    owners: Mapping[str, int]
+    uploads: tuple[Upload, ...]
+    parameters: frozenset[str]
+
+    @classmethod
+    def of(
+        cls, index: int, mean: StateDict, uploads: Sequence[Upload], parameters: frozenset[str]
+    ) -> ServerRound:
+        """The round of ``uploads`` whose combination is ``mean`` (owners counted here)."""
+        owners = {key: sum(key in u.weights for u in uploads) for key in mean}
+        return cls(index, mean, owners, tuple(uploads), parameters)
+
+    @property
+    def parameter_keys(self) -> tuple[str, ...]:
+        """The keys of ``mean`` that are trainable parameters, in ``mean``'s order: what a server
+        optimizer steps."""
+        return tuple(k for k in self.mean if k in self.parameters)
+
+    @property
+    def buffer_keys(self) -> tuple[str, ...]:
+        """The keys of ``mean`` that are buffers (normalisation statistics, counters): they take
+        the mean."""
+        return tuple(k for k in self.mean if k not in self.parameters)
+
+
+def merge_update(
+    server_round: ServerRound, update: StateDict, updates_buffers: bool, aggregator: str
+) -> StateDict:
+    """The new values of the keys this round owns: ``update``'s for the parameter keys it returns
+    (and for buffer keys when ``updates_buffers``; otherwise a returned buffer value is ignored),
+    ``server_round.mean``'s for every other key of the mean.
+
+    A returned key that no upload owns this round, or a value whose shape or dtype differs from
+    the mean's, is a bug of the hook (the state would silently change key set or dtype): a
+    ``ValueError`` naming ``aggregator`` and the key.
+    """
+    out = dict(server_round.mean)
+    for key, value in update.items():
+        mean = server_round.mean.get(key)
+        if mean is None:
+            raise ValueError(
+                f"{aggregator}.server_update returned {key!r}, which no upload owns in round "
+                f"{server_round.index + 1}: return values only for keys of server_round.mean "
+                "(unowned keys stay unchanged)"
+            )
+        if value.shape != mean.shape or value.dtype != mean.dtype:
+            raise ValueError(
+                f"{aggregator}.server_update returned {key!r} as {value.dtype} "
+                f"{tuple(value.shape)}, but the server state holds {mean.dtype} "
+                f"{tuple(mean.shape)}"
+            )
+        if updates_buffers or key in server_round.parameters:
+            out[key] = value
+    return out
