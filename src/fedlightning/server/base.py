@@ -43,6 +43,7 @@ from typing import Any
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import ClientKeys, Payload, StateDict, Upload
+from fedlightning.recorded_args import RecordsInitArgs
 
 
 def restrict(state: StateDict, keys: frozenset[str] | None) -> StateDict:
@@ -58,12 +59,13 @@ def group_keys(client_keys: Sequence[ClientKeys] | None) -> dict[str, frozenset[
     return out
 
 
-class Aggregator(ABC):
+class Aggregator(RecordsInitArgs, ABC):
     """Base class of all server aggregators.
 
     Subclasses declare what they put in payload extras (``payload_extras``) and what they need in
     upload extras (``required_upload_extras``), so the loop can refuse a client objective that
-    does not fit before training starts.
+    does not fit before training starts. The arguments an aggregator is constructed with are
+    recorded (:mod:`fedlightning.recorded_args`): they are part of a run's identity.
     """
 
     payload_extras: frozenset[str] = frozenset()
