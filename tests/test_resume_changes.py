@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
-from fedlightning.backends import RayBackend
+from fedlightning.backends import RayBackend, SequentialBackend
 from fedlightning.cli import FederatedCLI, main
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.rundir import MARK
@@ -159,8 +159,8 @@ def _nested_python_aggregator():
     ("args", "model", "aggregator", "backend"),
     [
         (["--model", "user_clients.SmoothedCE", "--loop.aggregator", "user_clients.ServerNesterov",
-          "--loop.aggregator.weighting", "uniform"],
-         SmoothedCE, lambda: ServerNesterov(weighting="uniform"), lambda: None),
+          "--loop.aggregator.weighting", "uniform", "--loop.backend", "SequentialBackend"],
+         SmoothedCE, lambda: ServerNesterov(weighting="uniform"), SequentialBackend),
         (["--loop.aggregator", "fedlightning.server.InCo", "--loop.aggregator.inner",
           "fedlightning.server.FedAvgM", "--loop.aggregator.inner.server_lr", "0.5",
           "--loop.backend", "RayBackend", "--loop.backend.num_workers", "2"],
@@ -210,6 +210,16 @@ def test_the_users_config_yaml_inside_the_run_directory_is_never_overwritten(tmp
         assert own.read_bytes() == before and sorted(p.name for p in exp.iterdir()) == [
             "config.yaml"
         ]
+    # fedlightning cofed writes config.yaml too: the same refusal
+    cofed_config = tmp_path / "cofed" / "config.yaml"
+    cofed_config.parent.mkdir()
+    shutil.copy(CONF / "cofed_tabular_tiny.yaml", cofed_config)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cofed", "-c", str(cofed_config), "--run_dir", str(cofed_config.parent),
+              "--overwrite", "true"])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "run_dir=" in (err := capsys.readouterr().err) and "did not write" in err, err
+    assert cofed_config.read_bytes() == (CONF / "cofed_tabular_tiny.yaml").read_bytes()
     # the same user config from outside: the run writes its own, marked, config.yaml beside it
     moved = tmp_path / "mine.yaml"
     own.rename(moved)

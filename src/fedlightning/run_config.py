@@ -104,6 +104,7 @@ def normalise(value: Any) -> Any:
         out = {str(k): normalise(v) for k, v in value.items()}
         if isinstance(out.get("class_path"), str):
             out["class_path"] = canonical_class_path(out["class_path"])
+            out.setdefault("init_args", {})  # jsonargparse leaves it out for a class without any
         return out
     if isinstance(value, list | tuple):
         return [normalise(v) for v in value]
