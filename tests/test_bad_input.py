@@ -101,17 +101,21 @@ CASES = [
     (["--ckpt_path", "{made}/round-5.ckpt"], r"ckpt_path='.*round-5.ckpt' is inconsistent: round=-5"),
     (["--ckpt_path", "{made}/round-str.ckpt"], r"is inconsistent: 'round' is str, expected int"),
     (["--ckpt_path", "{made}/no-history.ckpt"], r"is inconsistent: 'history' is NoneType, expected list"),
-    (["--ckpt_path", "{made}/format1.ckpt"], r"has format 'fedlightning-checkpoint-1' but this fedlightning reads 'fedlightning-checkpoint-2'"),
+    (["--ckpt_path", "{made}/format1.ckpt"], r"has format 'fedlightning-checkpoint-1' but this fedlightning reads 'fedlightning-checkpoint-3'"),
+    # format 2 (before the identity held the resolved config) cannot tell a changed lr: refused
+    (["--ckpt_path", "{made}/format2.ckpt"], r"has format 'fedlightning-checkpoint-2' but this fedlightning reads 'fedlightning-checkpoint-3': resume with the fedlightning that wrote it, or start anew"),
+    (["--ckpt_path", "{made}/other-data.ckpt"], r"partition_hash is 'feedbeef' in the checkpoint but '\w+' in this run; resume with the same data options and the same data on disk"),
+    (["--ckpt_path", "{made}/no-config.ckpt"], r"does not say which run wrote it \(no resolved config in its identity\)"),
     (["--ckpt_path", "{made}/bad-aggregator.ckpt"], r"the checkpoint's FedAvg state has no 'weights' \(declared by FedAvg"),
     (["--ckpt_path", "{made}/done"], r"ckpt_path='.*done' is a directory: give the checkpoint file"),
-    (["--ckpt_path", "{made}/done/last.ckpt", "--loop.seed", "1"], r"seed is 0 in the checkpoint but 1 in this run; resume with the same --loop.seed"),
-    (["--ckpt_path", "{made}/done/last.ckpt", AGG, "fedlightning.server.FedAvgM"], r"aggregator is 'fedlightning.server.fedavg.FedAvg' in the checkpoint but 'fedlightning.server.fedavgm.FedAvgM'"),
-    (["--ckpt_path", "{made}/done/last.ckpt", AGG, "fedlightning.server.FedAvg", f"{AGG}.aggregation", "median"], r"aggregator_config.aggregation is 'mean' in the checkpoint but 'median'"),
-    (["--ckpt_path", "{made}/done/last.ckpt", "--model", "fedlightning.clients.FedProx"], r"objective is 'fedlightning.clients.base.ClientModule' in the checkpoint but 'fedlightning.clients.fedprox.FedProx'"),
-    (["--ckpt_path", "{made}/done/last.ckpt", "--model.init_args.network_kwargs", "{hidden: [32]}"], r"network.network_kwargs.hidden is \[64\] in the checkpoint but \[32\]"),
-    (["--ckpt_path", "{made}/done/last.ckpt", "--data.num_clients", "10"], r"num_clients is 8 in the checkpoint but 10"),
-    (["--ckpt_path", "{made}/done/last.ckpt", "--data.beta", "0.5"], r"partition_hash is '\w+' in the checkpoint but '\w+' in this run; resume with the same data options"),
-    (["--ckpt_path", "{made}/done/last.ckpt", "--loop.client_state", "disk"], r"client_state is 'memory' in the checkpoint but 'disk'"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--loop.seed", "1"], r"loop.seed is 0 in the checkpoint but 1 in this run; resume with the same --loop.seed"),
+    (["--ckpt_path", "{made}/done/last.ckpt", AGG, "fedlightning.server.FedAvgM"], r"loop.aggregator is 'fedlightning.server.FedAvg' in the checkpoint but 'fedlightning.server.FedAvgM'"),
+    (["--ckpt_path", "{made}/done/last.ckpt", AGG, "fedlightning.server.FedAvg", f"{AGG}.aggregation", "median"], r"loop.aggregator.init_args.aggregation is 'mean' in the checkpoint but 'median'"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--model", "fedlightning.clients.FedProx"], r"model is 'fedlightning.clients.ClientModule' in the checkpoint but 'fedlightning.clients.FedProx'"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--model.init_args.network_kwargs", "{hidden: [32]}"], r"model.init_args.network_kwargs.hidden is \[64\] in the checkpoint but \[32\]"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--data.num_clients", "10"], r"data.num_clients is 8 in the checkpoint but 10"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--data.beta", "0.5"], r"data.beta is 1.0 in the checkpoint but 0.5 in this run; resume with the same --data.beta"),
+    (["--ckpt_path", "{made}/done/last.ckpt", "--loop.client_state", "disk"], r"loop.client_state is 'memory' in the checkpoint but 'disk'"),
     # LEAF data that would train to garbage
     (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_nan"], r"LEAF json '.*leaf_nan/train/a.json', user 'u1': 1 sample\(s\) have NaN/Inf inputs"),
     (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_fraction"], r"LEAF json '.*leaf_fraction/train/a.json', user 'u0': labels must be integers, got 1.5"),
@@ -125,6 +129,14 @@ NO_GPU = [
 ]  # fmt: skip
 if not torch.cuda.is_available():
     CASES += NO_GPU
+
+
+#: the identity a format-2 checkpoint held: no resolved config (no lr, epochs, batch size...)
+OLD_IDENTITY = {
+    "objective": "fedlightning.clients.base.ClientModule", "aggregator": "fedlightning.server.fedavg.FedAvg",
+    "aggregator_config": {"weighting": "samples"}, "dataset": "digits", "num_clients": 8, "seed": 0,
+    "client_state": "memory", "library_version": "0.1.0",
+}  # fmt: skip
 
 
 def _leaf(root, train_users, test_users):
@@ -160,6 +172,9 @@ def made(tmp_path_factory):
         "round-str": {"round": "2"},
         "no-history": {"history": None},
         "format1": {"format": "fedlightning-checkpoint-1"},
+        "format2": {"format": "fedlightning-checkpoint-2", "identity": OLD_IDENTITY},
+        "no-config": {"identity": OLD_IDENTITY},
+        "other-data": {"identity": {**state["identity"], "partition_hash": "feedbeef"}},
         "bad-aggregator": {"aggregator": {"unexpected": torch.zeros(1)}},
     }.items():
         torch.save({**state, **change}, root / f"{name}.ckpt")

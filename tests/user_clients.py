@@ -166,3 +166,51 @@ class PerClientSmoothing(ClientModule):
     def local_loss(self, batch):
         x, y = batch
         return F.cross_entropy(self(x), y, label_smoothing=self._smoothing)
+
+
+class MismatchedUpload(ClientModule):
+    """Client ``bad_client`` (every client with ``bad_client: -1``) uploads weights that do not
+    match the payload: ``upload`` is ``int64`` (every tensor cast to int64), ``float64``,
+    ``numpy`` (numpy arrays), ``list`` (nested lists) or ``extra_key`` (a key the payload lacks).
+    Each must be that client's rejection naming the key, never averaged in or a traceback."""
+
+    def __init__(self, upload: str = "int64", bad_client: int = 2, **kwargs):
+        super().__init__(**kwargs)
+        self.upload, self.bad_client = upload, bad_client
+
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
+        if self.bad_client in (-1, self.client_id):
+            weights = _mismatched(weights, self.upload)
+        return weights, extras, state
+
+
+def _mismatched(weights, how):
+    if how == "extra_key":
+        return {**weights, "not_in_the_payload": torch.zeros(3)}
+    change = {
+        "int64": lambda v: v.to(torch.int64),
+        "float64": lambda v: v.to(torch.float64),
+        "numpy": lambda v: v.detach().cpu().numpy(),
+        "list": lambda v: v.detach().cpu().tolist(),
+    }[how]
+    return {k: change(v) if v.is_floating_point() else v for k, v in weights.items()}
+
+
+class MismatchedExtra(ScaffoldClient):
+    """SCAFFOLD whose client ``bad_client`` uploads a ``delta_c`` that does not match the payload:
+    ``extra`` is ``float64`` (every tensor cast), ``numpy`` (numpy arrays) or ``missing`` (no
+    ``delta_c`` at all, which the Scaffold aggregator requires)."""
+
+    def __init__(self, extra: str = "float64", bad_client: int = 2, **kwargs):
+        super().__init__(**kwargs)
+        self.extra, self.bad_client = extra, bad_client
+
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
+        if self.client_id == self.bad_client:
+            if self.extra == "missing":
+                extras = {k: v for k, v in extras.items() if k != "delta_c"}
+            else:
+                extras = {**extras, "delta_c": _mismatched(extras["delta_c"], self.extra)}
+        return weights, extras, state

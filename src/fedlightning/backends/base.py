@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
+from fedlightning.recorded_args import RecordsInitArgs
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
@@ -34,11 +35,12 @@ class WorkerLost(RuntimeError):
     the failure policy never stops a run for it."""
 
 
-class Backend(ABC):
+class Backend(RecordsInitArgs, ABC):
     """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``.
 
     ``on_client_done`` (set by the loop) may be called with a client id after each fit, for
-    progress reports in long rounds; backends that fit all clients at once never call it."""
+    progress reports in long rounds; backends that fit all clients at once never call it. The
+    arguments a backend is constructed with are recorded (:mod:`fedlightning.recorded_args`)."""
 
     on_client_done: Callable[[int], None] | None = None
 

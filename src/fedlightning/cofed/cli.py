@@ -4,7 +4,8 @@ The options are :class:`~fedlightning.cofed.CoFED`'s constructor, with ``tasks``
 ``participants`` given as ``class_path``/``init_args``. The resolved config is written to
 ``<run_dir>/config.yaml``; ``run_dir`` defaults to ``runs/<config name>``. The run directory
 follows :mod:`fedlightning.loop.rundir`: checked before anything is written, locked for the run,
-refused if it holds an earlier run's results unless ``--overwrite true``.
+refused if it holds an earlier run's results unless ``--overwrite true``, and refused if it holds
+a ``config.yaml`` (or another file of a run's names) that fedlightning did not write.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from fedlightning.cli_help import PlainHelpFormatter
 from fedlightning.cofed.pipeline import CoFED, CoFEDResult
-from fedlightning.loop.rundir import RunDirectory, check_run_dir, storage_error
+from fedlightning.loop.rundir import RunDirectory, check_run_dir, storage_error, write_marked
 
 
 def build_parser() -> ArgumentParser:
@@ -49,7 +50,9 @@ def main(args: list[str]) -> CoFEDResult:
     pipeline = CoFED(**{k: v for k, v in vars(init).items() if k not in ("config", "overwrite")})
     with RunDirectory(pipeline.run_dir, config.overwrite, option="run_dir"):
         try:
-            (pipeline.run_dir / "config.yaml").write_text(parser.dump(config))
+            write_marked(
+                pipeline.run_dir / "config.yaml", parser.dump(config), "cofed: the resolved config"
+            )
             return pipeline.run()
         except OSError as error:
             raise storage_error(error, pipeline.run_dir, "write the run's files") from None

@@ -1,8 +1,9 @@
 """Checkpoints: everything a resumed run needs, written atomically, read back with checks.
 
-A checkpoint (format 2) holds the rounds done, the aggregator's and the client store's state, the
+A checkpoint (format 3) holds the rounds done, the aggregator's and the client store's state, the
 metrics history, the global RNG states and the run's identity
-(:func:`fedlightning.loop.identity.run_identity`). :func:`read_checkpoint` turns any unreadable or
+(:func:`fedlightning.loop.identity.run_identity`: its resolved config since format 3, so an older
+checkpoint, which cannot tell a changed option, is refused with a message). :func:`read_checkpoint` turns any unreadable or
 inconsistent file (empty, truncated, garbage, a malicious pickle, a hand-edited round) into a
 one-line :class:`~fedlightning.errors.ConfigurationError`; :func:`atomic_save` never leaves a torn
 file, and a failed write (a full disk) is a :class:`~fedlightning.errors.StorageError` naming the
@@ -23,7 +24,7 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.loop.rundir import storage_error
 from fedlightning.placement import to_cpu
 
-CHECKPOINT_FORMAT = "fedlightning-checkpoint-2"
+CHECKPOINT_FORMAT = "fedlightning-checkpoint-3"
 #: keys every checkpoint holds, with their types
 REQUIRED = {
     "round": int,

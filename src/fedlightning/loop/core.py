@@ -248,7 +248,10 @@ class FederatedLoop:
                 with self.reporter.watch_round(r, len(jobs)):
                     results = self.server.arrivals(self.backend.run(r, jobs))
                 traffic = self.communication.count(jobs, results)
-                outcome = sort_results(r, client_ids, results, payloads, self.summary)
+                outcome = sort_results(
+                    r, client_ids, results, payloads, self.summary,
+                    frozenset(self.aggregator.required_upload_extras), self.precision,
+                )  # fmt: skip
                 check_for_bug(r, r == start_round, outcome)
                 for cid, result in outcome.results:
                     self.store.put(cid, result.state)

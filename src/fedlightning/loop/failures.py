@@ -1,10 +1,11 @@
 """The failure policy: which client results a round keeps, and when failures are a bug.
 
-A client that raises, or uploads non-finite values, is left out of its round and the run goes on
-(a failed client never loses the run). But failures that are bugs are not client failures: when
-every client of a round fails with the same exception type, or the first round this run trains has
-no successful client, the objective (or the data) is broken, and the run stops with the first
-traceback instead of "succeeding" at chance accuracy. A lost worker
+A client that raises, uploads what does not match its payload (:func:`upload_mismatch`) or
+uploads non-finite values is left out of its round and the run goes on (a failed client never
+loses the run). But failures that are bugs are not client failures: when every client of a round
+fails with the same exception type, or the first round this run trains has no successful client,
+the objective (or the data) is broken, and the run stops with the first traceback (or rejection)
+instead of "succeeding" at chance accuracy. A lost worker
 (:class:`~fedlightning.backends.base.WorkerLost`) is never taken for a bug.
 """
 
@@ -35,7 +36,7 @@ class ClientBug(RuntimeError):
 class RoundOutcome:
     """A round's results sorted by the policy: successful results (in sampling order), the
     clients that raised (with their exceptions) and those whose upload was refused (with the
-    reason: non-finite values, or weights whose shapes differ from the payload's)."""
+    reason: an upload that does not match the payload, or non-finite values)."""
 
     results: list[tuple[int, FitResult]] = field(default_factory=list)
     failed: dict[int, BaseException] = field(default_factory=dict)
@@ -52,10 +53,15 @@ def sort_results(
     results: RoundResults,
     payloads: dict[int, Payload] | None = None,
     summary: RunSummary | None = None,
+    required_extras: frozenset[str] = frozenset(),
+    precision: str = "32-true",
 ) -> RoundOutcome:
     """Keep each client's result, or log why it is left out (each distinct traceback in full once
-    per run when a ``summary`` is given). A storage error (the run's own files) is raised: it is
-    no client failure."""
+    per run when a ``summary`` is given). With ``payloads``, an upload must match its client's
+    payload and hold the ``required_extras`` (the aggregator's), see :func:`upload_mismatch`;
+    ``precision`` is the fits' (Lightning's). A storage error (the run's own files) is raised: it
+    is no client failure."""
+    fit_dtype = fit_float_dtype(precision)
     outcome = RoundOutcome()
     for cid in client_ids:
         result = results[cid]
@@ -63,10 +69,12 @@ def sort_results(
             raise result
         if isinstance(result, BaseException):
             outcome.failed[cid] = result
+        elif payloads is not None and (
+            wrong := upload_mismatch(result.upload, payloads[cid], required_extras, fit_dtype)
+        ):
+            outcome.rejected[cid] = wrong
         elif not all_finite(result.upload):
             outcome.rejected[cid] = "uploaded NaN/Inf values"
-        elif payloads is not None and (wrong := wrong_shapes(result.upload, payloads[cid])):
-            outcome.rejected[cid] = f"uploaded weights of the wrong shape ({wrong})"
         else:
             outcome.results.append((cid, result))
     summary = summary if summary is not None else RunSummary()
@@ -75,15 +83,80 @@ def sort_results(
     return outcome
 
 
-def wrong_shapes(upload: Upload, payload: Payload) -> str:
-    """The first upload tensor whose shape differs from the payload's tensor of the same key
-    (``"key: got (a, b), expected (c, d)"``), or ``""``."""
+def fit_float_dtype(precision: str) -> torch.dtype | None:
+    """The dtype a fit at Lightning ``precision`` gives floating weights when it is not theirs:
+    ``64-true`` trains (and uploads) a float32 model in float64; other precisions keep it."""
+    return torch.float64 if precision in ("64-true", "64") else None
+
+
+def upload_mismatch(
+    upload: Upload,
+    payload: Payload,
+    required_extras: frozenset[str] = frozenset(),
+    fit_dtype: torch.dtype | None = None,
+) -> str:
+    """Why ``upload`` does not fit the ``payload`` it answers, or ``""``; checked after the loop
+    placed the uploads on the server device, where the payload is.
+
+    Weights: every key must be one of the payload's (a client may upload fewer keys: it owns
+    those), and each value a ``torch.Tensor`` of the payload tensor's dtype, shape and device
+    (an int64 copy of a float32 weight would be averaged in as a wrong number; a numpy array
+    would crash the aggregation); a floating weight may also come back in ``fit_dtype``
+    (:func:`fit_float_dtype`: float64 under ``64-true``, whose first round sends float32).
+
+    Extras: every extra the aggregator requires must be there, and an extra that is a state_dict
+    keyed like the model (SCAFFOLD's ``delta_c``) must hold, for each key, a tensor of that
+    weight's shape and device, and of its dtype when floating (an integer or bool extra, e.g. a
+    mask, keeps its own dtype). Other extras (numbers such as FedNova's ``a``, anything else) are
+    the aggregator's to interpret: nothing generic says what they must be.
+
+    The reason names the key, what was uploaded and what was expected."""
     for key, value in upload.weights.items():
         sent = payload.weights.get(key)
-        shape = getattr(value, "shape", None)
-        if sent is not None and shape != sent.shape:
-            got = tuple(shape) if shape is not None else type(value).__name__
-            return f"{key}: got {got}, expected {tuple(sent.shape)}"
+        if sent is None:
+            return (
+                f"uploaded weights the payload lacks ({key}: not among the payload's "
+                f"{len(payload.weights)} keys)"
+            )
+        wrong = _tensor_mismatch(key, value, sent, True, fit_dtype)
+        if wrong:
+            return f"uploaded weights {wrong}"
+    missing = sorted(required_extras - set(upload.extras))
+    if missing:
+        return f"uploaded no {', '.join(missing)} extra (the aggregator needs it)"
+    for name, extra in upload.extras.items():
+        if not isinstance(extra, dict) or not extra or not set(extra) <= set(payload.weights):
+            continue
+        for key, value in extra.items():
+            wrong = _tensor_mismatch(
+                f"{name}[{key!r}]", value, payload.weights[key], False, fit_dtype
+            )
+            if wrong:
+                return f"uploaded an extra {wrong}"
+    return ""
+
+
+def _tensor_mismatch(
+    name: str, value: Any, sent: torch.Tensor, exact_dtype: bool, fit_dtype: torch.dtype | None
+) -> str:
+    """How ``value`` differs from ``sent`` (``"of the wrong dtype (name: got ..., expected
+    ...)"``), or ``""``; ``exact_dtype``: also an integer ``value`` must have ``sent``'s dtype."""
+    if not isinstance(value, torch.Tensor):
+        kind = type(value)
+        return (
+            f"that are not tensors ({name}: got {kind.__module__}.{kind.__qualname__}, expected "
+            f"a torch.Tensor of {sent.dtype}, shape {tuple(sent.shape)})"
+        )
+    if value.shape != sent.shape:
+        return (
+            f"of the wrong shape ({name}: got {tuple(value.shape)}, expected {tuple(sent.shape)})"
+        )
+    floating = value.is_floating_point() and sent.is_floating_point()
+    allowed = {sent.dtype, fit_dtype} if floating and fit_dtype is not None else {sent.dtype}
+    if (exact_dtype or floating) and value.dtype not in allowed:
+        return f"of the wrong dtype ({name}: got {value.dtype}, expected {sent.dtype})"
+    if value.device != sent.device:
+        return f"on the wrong device ({name}: got {value.device}, expected {sent.device})"
     return ""
 
 
@@ -101,11 +174,14 @@ def check_for_bug(round_index: int, first_round: bool, outcome: RoundOutcome) ->
     if first_error is not None:
         detail = _traceback_of(first_error)
     else:
-        detail = "every client uploaded NaN/Inf values (a diverging loss or non-finite data)"
+        cid, reason = next(iter(outcome.rejected.items()))
+        detail = f"every upload was rejected; client {cid} {reason}"
+        if reason == "uploaded NaN/Inf values":
+            detail += " (a diverging loss or non-finite data)"
     raise ClientBug(
         f"round {round_index + 1}: no client succeeded ({len(failed)} raised, "
-        f"{len(outcome.rejected)} uploaded non-finite values); this is a bug in the client "
-        f"objective or the data, not a client failure:\n{detail}"
+        f"{len(outcome.rejected)} uploads rejected); this is a bug in the client objective or "
+        f"the data, not a client failure:\n{detail}"
     )
 
 

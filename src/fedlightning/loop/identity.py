@@ -1,76 +1,105 @@
-"""What a run is: the fields a checkpoint stores so that a resume can refuse another run's state.
+"""What a run is, and what a resume may change: the identity a checkpoint stores.
 
-A checkpoint made by :func:`run_identity` records the client objective class, the aggregator class
-and its configuration, the network architecture (class, option and a hash of every state_dict key
-with its shape), the data set and number of clients, the partition hash, the seed and the client
-state mode. :func:`compare_identity` refuses a resume whose identity differs in any of them, with
-a message naming the field, both values and what to do. The library version is stored too, but a
-different one only warns: a checkpoint of an older release that still matches every field resumes.
+The identity (:func:`run_identity`) is the run's resolved configuration
+(:func:`fedlightning.run_config.resolved_config`: the ``loop``, ``model`` and ``data`` groups with
+every class path and constructor argument, nested objects, ``**kwargs`` and defaults included, the
+same structure from the CLI and from Python) plus facts derived from the objects:
+
+- ``architecture``: the server model's keys, shapes and dtypes (a hash);
+- ``dataset``, ``num_clients``, ``partition_hash``: the partition the data module made (data
+  changed on disk shows here);
+- ``seed`` and ``client_state``: the loop's, as resolved;
+- ``backend_results``: whose numerics the backend's fits follow: ``sequential`` for
+  SequentialBackend, RayBackend and AutoBackend where it chose sequential (always on the CPU);
+  ``cohort`` for CohortBackend (its vmapped fits follow another floating-point trajectory, e.g.
+  with BatchNorm) and AutoBackend where it chose the cohort; ``flower`` for FlowerBackend; any
+  other backend its class path;
+- ``library_version``: a different one only warns.
+
+A resume (:func:`compare_identity`) may change only the options that cannot change the result,
+:data:`RESUME_MAY_CHANGE`:
+
+- ``loop.rounds`` (extending a run), ``loop.eval_every``, ``loop.checkpoint_every``;
+- reporting: ``loop.loggers``, ``loop.wandb`` and ``loop.wandb_*``, ``loop.plots``,
+  ``loop.progress_bar``, ``loop.log_every``, ``loop.target_acc``, ``loop.max_skipped_fraction``;
+- where the run lives: ``loop.run_dir``, ``loop.overwrite``;
+- ``loop.backend`` (with its options) where ``backend_results`` stays the same (e.g.
+  SequentialBackend to RayBackend, not to or from CohortBackend).
+
+Any other difference (the optimizer and its lr, epochs, steps, batch size, precision, clients per
+round, data options, aggregator options, seed, threads, oneDNN, gradient clipping, ...) is refused
+before anything is written, with one line naming the option path (``model.init_args.lr``), both
+values and how to start a new run instead.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
 
-import fedlightning
+from fedlightning.backends import (
+    AutoBackend,
+    Backend,
+    CohortBackend,
+    FlowerBackend,
+    RayBackend,
+    SequentialBackend,
+)
 from fedlightning.errors import ConfigurationError
+from fedlightning.run_config import plain
 
 log = logging.getLogger("fedlightning")
 
-#: fields compared on resume, in the order they are checked, with what to do on a mismatch
-COMPARED = {
-    "objective": "resume with the same --model class_path",
-    "aggregator": "resume with the same --loop.aggregator class_path",
-    "aggregator_config": "resume with the same --loop.aggregator init_args",
-    "network": "resume with the same model.network/networks and network_kwargs",
-    "architecture": "resume with the same model.network/networks and network_kwargs",
+#: options (config paths, with everything under them) a resume may change: none changes the result
+RESUME_MAY_CHANGE = (
+    "loop.rounds",
+    "loop.eval_every",
+    "loop.checkpoint_every",
+    "loop.loggers",
+    "loop.wandb",
+    "loop.wandb_project",
+    "loop.wandb_group",
+    "loop.wandb_tags",
+    "loop.wandb_name",
+    "loop.plots",
+    "loop.progress_bar",
+    "loop.log_every",
+    "loop.target_acc",
+    "loop.max_skipped_fraction",
+    "loop.run_dir",
+    "loop.overwrite",
+)
+#: the backend option: it may change where ``backend_results`` stays the same
+BACKEND = "loop.backend"
+#: derived facts compared on resume, in order, with what to do on a mismatch
+DERIVED = {
     "dataset": "resume with the same --data.dataset",
     "num_clients": "resume with the same --data.num_clients",
     "seed": "resume with the same --loop.seed",
-    "partition_hash": "resume with the same data options (partition, beta, val_fraction, ...)",
+    "partition_hash": "resume with the same data options and the same data on disk",
+    "architecture": "resume with the same model.network/networks and network_kwargs",
     "client_state": "resume with the same --loop.client_state",
+    "backend_results": "resume with a --loop.backend whose fits give the checkpoint's results",
 }
+NEW_RUN = (
+    "or replace this run (no --ckpt_path, --loop.overwrite true), "
+    "or start a new run in another --loop.run_dir"
+)
 
 
-def class_path(obj: Any) -> str:
-    kind = type(obj)
-    return f"{kind.__module__}.{kind.__qualname__}"
+class _NotSet:
+    """An option one side of a comparison lacks."""
+
+    def __repr__(self) -> str:
+        return "not set"
 
 
-def object_config(obj: Any, depth: int = 0) -> dict[str, Any]:
-    """The constructor arguments of ``obj`` that it keeps as attributes of the same name (nested
-    objects, e.g. InCo's ``inner`` aggregator, as ``{"class_path", "init_args"}``)."""
-    config: dict[str, Any] = {}
-    try:
-        parameters = inspect.signature(type(obj).__init__).parameters
-    except (TypeError, ValueError):  # a builtin: no Python signature
-        return config
-    for name in parameters:
-        if name == "self" or not hasattr(obj, name):
-            continue
-        config[name] = _plain(getattr(obj, name), depth)
-    return config
-
-
-def _plain(value: Any, depth: int = 0) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return [_plain(v, depth) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v, depth) for k, v in value.items()}
-    if isinstance(value, torch.Tensor):
-        return f"tensor{tuple(value.shape)}"
-    if callable(value) and not hasattr(value, "__dict__"):
-        return class_path(value)
-    if depth >= 3:  # deep object graphs (a network passed as an object): its class says enough
-        return class_path(value)
-    return {"class_path": class_path(value), "init_args": object_config(value, depth + 1)}
+NOT_SET = _NotSet()
 
 
 def architecture(state: dict[str, torch.Tensor]) -> str:
@@ -82,73 +111,126 @@ def architecture(state: dict[str, torch.Tensor]) -> str:
     return f"{len(state)} tensors, {params:,} parameters, sha256 {digest.hexdigest()[:12]}"
 
 
+def backend_results(backend: Backend) -> Any:
+    """Whose numerics ``backend``'s fits follow (see the module docstring); an AutoBackend must
+    have chosen (its ``check`` ran). Exact classes: a subclass may fit differently."""
+    if type(backend) is AutoBackend and backend.chosen is not None:
+        backend = backend.chosen
+    family = {
+        SequentialBackend: "sequential",
+        RayBackend: "sequential",
+        CohortBackend: "cohort",
+        FlowerBackend: "flower",
+    }.get(type(backend))
+    return family if family is not None else plain(backend)  # unknown: any change is refused
+
+
+def library_version() -> str:
+    try:
+        return version("fedlightning")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "unknown"
+
+
 def run_identity(
-    model: Any,
-    aggregator: Any,
+    config: dict[str, Any],
     initial: dict[str, torch.Tensor],
-    dataset: str,
-    num_clients: int,
-    partition_hash: str,
+    datamodule: Any,
     seed: int,
     client_state: str,
+    backend: Backend,
 ) -> dict[str, Any]:
-    """The identity of a run, as stored in its checkpoints."""
-    hparams = dict(getattr(model, "hparams", {}) or {})
-    network = {
-        "class": type(getattr(model, "network", None)).__name__,
-        "network": _plain(hparams.get("network")),
-        "networks": _plain(hparams.get("networks")),
-        "network_kwargs": _plain(hparams.get("network_kwargs")),
-    }
+    """The identity of a run (module docstring), as stored in its checkpoints: ``config`` from
+    :func:`~fedlightning.run_config.resolved_config`, ``initial`` the server model's state_dict."""
     return {
-        "objective": class_path(model),
-        "aggregator": class_path(aggregator),
-        "aggregator_config": object_config(aggregator),
-        "network": network,
-        "architecture": architecture(initial),
-        "dataset": dataset,
-        "num_clients": num_clients,
+        "config": config,
+        "dataset": datamodule.dataset,
+        "num_clients": datamodule.num_clients,
         "seed": seed,
-        "partition_hash": partition_hash,
+        "partition_hash": datamodule.partition_hash(),
+        "architecture": architecture(initial),
         "client_state": client_state,
-        "library_version": fedlightning.__version__,
+        "backend_results": backend_results(backend),
+        "library_version": library_version(),
     }
 
 
 def compare_identity(ckpt_path: str, stored: Any, current: dict[str, Any]) -> None:
-    """Raise a one-line :class:`ConfigurationError` at the first field in which the checkpoint's
-    identity ``stored`` differs from this run's ``current``."""
-    if not isinstance(stored, dict):
+    """Raise a one-line :class:`ConfigurationError` when this run (``current``) differs from the
+    checkpoint's identity ``stored`` in anything a resume may not change."""
+    if not isinstance(stored, dict) or not isinstance(stored.get("config"), dict):
         raise ConfigurationError(
-            f"ckpt_path={ckpt_path!r} does not say which run wrote it (no identity): it is not a "
-            "checkpoint of this fedlightning; start a new run"
+            f"ckpt_path={ckpt_path!r} does not say which run wrote it (no resolved config in its "
+            "identity): it is not a checkpoint of this fedlightning; start a new run"
         )
-    for field, todo in COMPARED.items():
+    refused = [
+        (path, old, new)
+        for path, old, new in differences(stored["config"], current["config"])
+        if not may_change(path, stored, current)
+    ]
+    if refused:
+        path, old, new = refused[0]
+        also = f" (and {', '.join(p for p, _, _ in refused[1:4])})" if refused[1:] else ""
+        if len(refused) > 4:
+            also = also[:-1] + ", ...)"
+        todo = f"resume with the same --{path}{also}"
+        if _under(path, BACKEND):
+            todo = (
+                f"resume with a --loop.backend whose fits give the checkpoint's results (it ran "
+                f"{stored.get('backend_results')!r} fits, this run {current['backend_results']!r})"
+            )
+        raise _another_run(ckpt_path, path, old, new, todo)
+    for field, todo in DERIVED.items():
         if field not in stored:
             raise ConfigurationError(
                 f"ckpt_path={ckpt_path!r} lacks the field {field!r}: it is inconsistent; start a "
                 "new run or resume from another checkpoint"
             )
         if stored[field] != current[field]:
-            name, old, new = _first_difference(field, stored[field], current[field])
-            raise ConfigurationError(
-                f"ckpt_path={ckpt_path!r} was written by another run: {name} is {_short(old)} "
-                f"in the checkpoint but {_short(new)} in this run; {todo}, or start a new run "
-                "in another --loop.run_dir"
-            )
+            raise _another_run(ckpt_path, field, stored[field], current[field], todo)
     if stored.get("library_version") != current["library_version"]:
         log.warning(
-            "%s was written by fedlightning %s, this is %s: resuming (every compared field matches)",
+            "%s was written by fedlightning %s, this is %s: resuming (every compared option matches)",
             ckpt_path, stored.get("library_version"), current["library_version"],
         )  # fmt: skip
 
 
-def _first_difference(name: str, old: Any, new: Any) -> tuple[str, Any, Any]:
-    """Narrow two differing dicts to their first differing key (``aggregator_config.aggregation``)."""
-    while isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
-        key = next(k for k in old if old[k] != new[k])
-        name, old, new = f"{name}.{key}", old[key], new[key]
-    return name, old, new
+def may_change(path: str, stored: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether a resume may change the option ``path`` (module docstring)."""
+    if _under(path, BACKEND):
+        return stored.get("backend_results") == current["backend_results"]
+    return any(_under(path, option) for option in RESUME_MAY_CHANGE)
+
+
+def _under(path: str, option: str) -> bool:
+    return path == option or path.startswith(option + ".")
+
+
+def differences(old: Any, new: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """``(path, old value, new value)`` of every option in which two configs differ, in ``old``'s
+    order; an object whose class differs is one difference (``loop.aggregator``), its
+    ``init_args`` are not compared."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        if old != new:
+            yield path, old, new
+        return
+    if ("class_path" in old or "class_path" in new) and old.get("class_path") != new.get(
+        "class_path"
+    ):
+        yield path, old.get("class_path", NOT_SET), new.get("class_path", NOT_SET)
+        return
+    for key in [*old, *(k for k in new if k not in old)]:
+        if key == "class_path":
+            continue
+        option = f"{path}.{key}" if path else str(key)
+        yield from differences(old.get(key, NOT_SET), new.get(key, NOT_SET), option)
+
+
+def _another_run(ckpt_path: str, name: str, old: Any, new: Any, todo: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"ckpt_path={ckpt_path!r} was written by another run: {name} is {_short(old)} in the "
+        f"checkpoint but {_short(new)} in this run; {todo}, {NEW_RUN}"
+    )
 
 
 def _short(value: Any, limit: int = 200) -> str:

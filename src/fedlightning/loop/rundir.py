@@ -6,6 +6,13 @@ checkpoint (``--ckpt_path``) or is told ``--loop.overwrite true`` (which deletes
 first). We chose refusal over Lightning-style ``version_N`` folders so that a run directory keeps
 naming exactly one run, and ``--ckpt_path <run_dir>/last.ckpt`` stays the way to continue it.
 
+A run never overwrites (or, told to overwrite, deletes) a file fedlightning did not write. Its
+``config.yaml`` starts with :data:`MARK` (:func:`write_marked`): a ``config.yaml`` without it is a
+user's (``-c exp/config.yaml --loop.run_dir exp``) and the run is refused, whatever
+``overwrite`` says. The other names a run writes (:data:`RUN_FILES`) are fedlightning's in a
+directory where a run has run (it holds the lock file below) or that the run resumes from; in any
+other directory they are a user's, and the run is refused.
+
 The lock is ``fcntl.flock`` on ``<run_dir>/.fedlightning.lock`` (holding the holder's pid): the
 kernel releases it when the process exits, however it exits, so a lock left by a crashed run is
 stale and never blocks the next one. A second run on a locked directory is refused at once with the
@@ -38,6 +45,8 @@ RUN_FILES = (
     "pseudo_labels.csv",
     "relative_accuracy.png",
 )
+#: the first line of every config.yaml fedlightning writes, and of no other file
+MARK = "# written by fedlightning"
 #: a run needs at least this much free space in its directory's file system to start
 MIN_FREE_BYTES = 16 * 2**20
 
@@ -88,8 +97,45 @@ def check_run_dir(
             f"{option}={str(run_dir)!r} is in use by another run (pid {holder}): wait for it to "
             "end or choose another directory"
         )
+    _refuse_foreign(path, option, resuming, ran_here=(path / LOCK_NAME).exists())
     _refuse_results(path, option, resuming, overwrite)
     return path
+
+
+def written_by_fedlightning(path: Path) -> bool:
+    """Whether the file ``path`` starts with :data:`MARK`."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(MARK)) == MARK.encode()
+    except OSError:
+        return False
+
+
+def write_marked(path: Path, text: str, what: str) -> Path:
+    """Write ``text`` to ``path`` (a run's ``config.yaml``) after a :data:`MARK` line saying
+    ``what`` it is."""
+    path.write_text(f"{MARK} ({what})\n{text}")
+    return path
+
+
+def _refuse_foreign(path: Path, option: str, resuming: bool, ran_here: bool) -> None:
+    """Refuse a directory holding a file of a run's names that fedlightning did not write (see
+    the module docstring)."""
+    config = path / "config.yaml"
+    if config.is_file() and not written_by_fedlightning(config):
+        raise ConfigurationError(
+            f"{option}={str(path)!r} holds a config.yaml that fedlightning did not write (its "
+            f"first line is not {MARK!r}), and a run writes its own config.yaml there: move your "
+            "config out of the run directory (e.g. to configs/) and pass it with -c from there, "
+            "or choose another directory"
+        )
+    foreign = [name for name in RUN_FILES if (path / name).exists()]
+    if foreign and not (ran_here or resuming):
+        raise ConfigurationError(
+            f"{option}={str(path)!r} holds {', '.join(foreign)}, which no fedlightning run wrote "
+            f"(no run has used this directory: it has no {LOCK_NAME}), and a run writes files of "
+            "these names: move them out or choose another directory"
+        )
 
 
 def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) -> None:
@@ -153,6 +199,7 @@ class RunDirectory:
 
     def __enter__(self) -> RunDirectory:
         self._created = not self.path.exists()
+        ran_here = (self.path / LOCK_NAME).exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             handle = open(self.path / LOCK_NAME, "a+")  # noqa: SIM115 (held for the run's life)
@@ -174,6 +221,7 @@ class RunDirectory:
         handle.flush()
         self._handle = handle
         try:  # again under the lock: a run that ended since check_run_dir may have left results
+            _refuse_foreign(self.path, self.option, self.resuming, ran_here)
             _refuse_results(self.path, self.option, self.resuming, self.overwrite)
         except ConfigurationError:
             self.__exit__(ConfigurationError, None, None)

@@ -27,10 +27,10 @@ from fedlightning.loop.checks import check_accelerator, check_seed
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
-from fedlightning.loop.rundir import check_run_dir, resumes_in
+from fedlightning.loop.rundir import check_run_dir, resumes_in, write_marked
 from fedlightning.loop.sampling import clients_per_round
 from fedlightning.loop.server_device import ServerDevice
-from fedlightning.run_config import write_run_config
+from fedlightning.run_config import config_yaml, resolved_config
 
 if TYPE_CHECKING:
     from fedlightning.loop.core import FederatedLoop
@@ -153,8 +153,8 @@ def prepare_run(
     check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
     loop.identity = run_identity(
-        model, loop.aggregator, initial, datamodule.dataset, datamodule.num_clients,
-        datamodule.partition_hash(), loop.seed, loop.store.mode,
+        resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
+        loop.backend,
     )  # fmt: skip
     loop.server = ServerDevice.for_accelerator(loop.fit_config.accelerator)
     loop.aggregator.setup(
@@ -213,10 +213,7 @@ def open_run(
         restore_rng(checkpoint)
         start_round, wandb_id = checkpoint["round"], checkpoint.get("wandb_id")
     remove_stale_temporaries(loop.run_dir)
-    if loop.config_text is not None:  # the CLI's parsed config
-        (loop.run_dir / "config.yaml").write_text(loop.config_text)
-    else:  # a Python-API run: a description of its loop, model and data
-        write_run_config(loop.run_dir / "config.yaml", loop, model, dm)
+    write_marked(loop.run_dir / "config.yaml", *config_yaml(loop, model, dm))
     dm.save_partition(loop.run_dir / "partition.csv")
     loop.reporter.plot_partition(dm)
     loop.reporter.open(loop.history, wandb_id, dm)

@@ -55,6 +55,7 @@ from typing import Any
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import ClientKeys, Payload, StateDict, Upload
+from fedlightning.recorded_args import RecordsInitArgs
 from fedlightning.server.declared_state import Declarations, StateInit
 from fedlightning.server.functional import clone_state, parameter_keys
 
@@ -96,12 +97,13 @@ def check_client_keys(initial: StateDict, client_keys: list[ClientKeys], num_cli
             raise ConfigurationError(f"clients of group {group} own different keys")
 
 
-class Aggregator(ABC):
+class Aggregator(RecordsInitArgs, ABC):
     """Base class of all server aggregators.
 
     Subclasses declare what they put in payload extras (``payload_extras``) and what they need in
     upload extras (``required_upload_extras``), so the loop can refuse a client objective that
-    does not fit before training starts.
+    does not fit before training starts. The arguments an aggregator is constructed with are
+    recorded (:mod:`fedlightning.recorded_args`): they are part of a run's identity.
     """
 
     payload_extras: frozenset[str] = frozenset()
