@@ -14,20 +14,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from fedlightning.errors import WorkerLost
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
 
+__all__ = ["Backend", "RoundResults", "WorkerLost"]
+
 #: what a backend returns for one round
 RoundResults = dict[int, FitResult | BaseException]
-
-
-class WorkerLost(RuntimeError):
-    """The worker that ran (or was to run) a client fit died or was unavailable (an actor killed
-    by the OS, a node lost). The client failed, but this is no evidence of a bug in the objective:
-    the failure policy never stops a run for it."""
 
 
 class Backend(ABC):

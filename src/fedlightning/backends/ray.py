@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlightning.backends.base import Backend, RoundResults, WorkerLost
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.errors import ConfigurationError, WorkerLost, require
 from fedlightning.placement import to_cpu
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
