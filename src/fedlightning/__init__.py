@@ -10,7 +10,8 @@ checks every import in ``src/fedlightning`` (typing-only and function-level impo
 =====  ==========================================================================================
 layer  packages and top-level modules
 =====  ==========================================================================================
-0      errors seeding gc_tuning protocol placement metrics training state tracking run_config
+0      errors seeding gc_tuning protocol placement metrics compute training state tracking
+       run_config
 1      models data server analysis
 2      clients
 3      fit

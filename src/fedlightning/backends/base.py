@@ -5,7 +5,9 @@ back, per client, a :class:`~fedlightning.protocol.FitResult` or the exception i
 knows nothing else about a backend. A backend runs fits with
 :class:`fedlightning.fit.ClientFitter` (or, for the cohort backend, the objective's own
 ``local_loss`` vectorized over clients), so results never depend on the backend beyond
-floating-point reassociation.
+floating-point reassociation. The run's device and precision come resolved, once, as a
+:class:`~fedlightning.compute.Compute` (a backend whose workers live in other processes sends them
+the :class:`~fedlightning.protocol.FitConfig` instead, and each worker resolves its own).
 """
 
 from __future__ import annotations
@@ -19,31 +21,34 @@ from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
+    from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
 
-__all__ = ["Backend", "RoundResults", "WorkerLost"]
+__all__ = ["Backend", "ClientDone", "RoundResults", "WorkerLost"]
 
 #: what a backend returns for one round
 RoundResults = dict[int, FitResult | BaseException]
+#: called with a client id after each client fit (progress reports in long rounds)
+ClientDone = Callable[[int], None]
 
 
 class Backend(ABC):
-    """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``.
+    """Runs client fits. Lifecycle: ``check`` and ``start`` once per run, ``run`` once per round,
+    ``stop``."""
 
-    ``on_client_done`` (set by the loop) may be called with a client id after each fit, for
-    progress reports in long rounds; backends that fit all clients at once never call it."""
-
-    on_client_done: Callable[[int], None] | None = None
-
-    def check(self, model: ClientModule, config: FitConfig) -> None:  # noqa: B027 (optional hook)
-        """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config``;
-        called by the loop at start-up, before anything is written or trained."""
+    def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:  # noqa: B027 (optional hook)
+        """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config`` on
+        ``compute``; called by the loop at start-up, before anything is written or trained."""
 
     @abstractmethod
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
-        """Prepare to fit clients of ``model`` on ``datamodule`` (set up data, devices, workers)."""
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
+        """Prepare to fit clients of ``model`` on ``datamodule`` with ``config`` on ``compute``
+        (set up data, devices, workers). ``on_client_done``, if given, may be called with a client
+        id after each fit, for progress reports in long rounds; backends that fit all clients at
+        once never call it."""
 
     @abstractmethod
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:

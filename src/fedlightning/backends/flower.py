@@ -42,13 +42,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.errors import ConfigurationError, WorkerLost, require
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.seeding import derive_seed, seed_fit
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
+    from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
 
 
@@ -143,13 +144,17 @@ class FlowerBackend(Backend):
         )  # fmt: skip
         self.grid = grid
 
-    def check(self, model: ClientModule, config: FitConfig) -> None:
+    def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
         _flwr()
 
     # -- start: reach the SuperLink, wait for SuperNodes -----------------------------------------
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
+        """Reach the SuperLink and wait for SuperNodes serving every client. The nodes resolve
+        their own compute from ``config`` (each once); ``on_client_done`` is not called: a node
+        fits its clients of a round in one message."""
         _flwr()
         self.config, self.num_clients = config, datamodule.num_clients
         self.spec = {
