@@ -363,12 +363,13 @@ def test_auto_backend_chooses_the_cohort_only_on_an_accelerator_where_it_applies
     make, on_gpu, chosen, reason, monkeypatch, capsys
 ):
     from fedlightning.backends import AutoBackend
+    from fedlightning.compute import Compute
     from fedlightning.protocol import FitConfig
 
     if on_gpu:
-        monkeypatch.setattr("fedlightning.backends.auto.Fabric", FakeFabric)
+        monkeypatch.setattr("fedlightning.compute.Fabric", FakeFabric)
     backend = AutoBackend()
-    backend.check(make(), FitConfig(accelerator="cpu"))
+    backend.check(make(), FitConfig(accelerator="cpu"), Compute.resolve("cpu", "32-true"))
     assert type(backend.chosen) is chosen and reason in backend.reason
     assert (
         capsys.readouterr().err == ""

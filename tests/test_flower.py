@@ -17,6 +17,7 @@ pytest.importorskip(
 from conftest import CONF, run_cli  # noqa: E402
 from fedlightning.backends.base import WorkerLost  # noqa: E402
 from fedlightning.backends.flower import FlowerBackend  # noqa: E402
+from fedlightning.cli import main  # noqa: E402
 from fedlightning.errors import ConfigurationError  # noqa: E402
 from fedlightning.flower_app.client import served_clients  # noqa: E402
 from fedlightning.flower_app.export import main as export_main  # noqa: E402
@@ -103,6 +104,36 @@ def test_bad_backend_options_are_configuration_errors():
         FlowerBackend(round_timeout=0)
     with pytest.raises(ConfigurationError, match="host:port"):
         FlowerBackend(address="localhost")
+
+
+class _EmptyGrid:
+    """A Flower Grid with no SuperNode connected."""
+
+    def get_node_ids(self):
+        return []
+
+
+def test_the_server_apps_grid_reaches_the_backend_through_the_cli(tmp_path, capsys, monkeypatch):
+    """``address: null`` fits on the Grid the ServerApp passes to ``fedlightning.cli.main``; it
+    has no nodes here, so the run stops at start-up naming the clients nobody serves (without a
+    Grid: that none runs here)."""
+    args = [
+        "fit", "--config", str(CONF / "tiny.yaml"), "--loop.run_dir", str(tmp_path / "run"),
+        "--loop.backend", "fedlightning.backends.flower.FlowerBackend",
+        "--loop.backend.init_args.address", "null",
+        "--loop.backend.init_args.connect_timeout", "0.5",
+    ]  # fmt: skip
+    monkeypatch.setattr("sys.argv", ["fedlightning"])  # the arguments are `args`
+    for grid, message in (
+        (_EmptyGrid(), "no SuperNode serves client(s) [0, 1"),
+        (None, "none runs"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            main(args, grid=grid)
+        assert stopped.value.code == 2
+        assert message in capsys.readouterr().err
+    with pytest.raises(ConfigurationError, match="address='127.0.0.1:9'.*ServerApp"):
+        FlowerBackend(address="127.0.0.1:9").use_grid(_EmptyGrid())
 
 
 def test_flower_app_export_writes_a_flower_app(tmp_path):

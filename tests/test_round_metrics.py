@@ -14,7 +14,7 @@ from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, ClientModule, ScaffoldClient
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.communication import message_bytes, nbytes
-from fedlightning.loop.distribution import accuracy_distribution
+from fedlightning.metrics import accuracy_distribution
 from fedlightning.protocol import Payload, Upload
 from fedlightning.server import FedAvg, FedCross, Scaffold
 from objective_helpers import SYNTHETIC, synthetic_run

@@ -2,6 +2,32 @@
 
 Client objectives (LightningModules) train locally, server aggregators combine their state_dicts,
 and the FederatedLoop runs rounds with exact resume. See the README for the algorithm table.
+
+Layering: a module imports only modules of its own package and of lower layers; the top-level
+modules of layer 0 may import each other. ``tests/test_layering.py`` reads the table below and
+checks every import in ``src/fedlightning`` (typing-only and function-level imports included):
+
+=====  ==========================================================================================
+layer  packages and top-level modules
+=====  ==========================================================================================
+0      errors seeding gc_tuning protocol placement metrics compute training state tracking
+       run_config
+1      models data server analysis
+2      clients
+3      fit
+4      flower_app
+5      backends
+6      loop
+7      cofed
+entry  cli cli_help cofed.cli flower_app.server flower_app.__main__ fedlightning
+=====  ==========================================================================================
+
+Entry points (the commands, the Flower ServerApp, this package root) may import anything; no
+other module imports an entry point. Beyond the layers: ``server`` imports no Lightning (plain
+torch on state_dicts) and ``clients`` never imports ``server`` (an objective and an aggregator
+meet only through :mod:`fedlightning.protocol`). So ``server`` and ``clients`` know nothing of
+the loop or the backends, ``backends`` nothing of the loop, and ``flower_app`` (the code that runs
+on SuperNodes) nothing of the backends. Module-level imports form no cycle.
 """
 
 from fedlightning.gc_tuning import gc_paused

@@ -28,10 +28,17 @@ LINKED_SIZES = ("num_classes", "in_channels", "image_size")
 
 
 class FederatedCLI(LightningCLI):
-    """LightningCLI with the trainer group named ``loop`` and a single seed (``loop.seed``)."""
+    """LightningCLI with the trainer group named ``loop`` and a single seed (``loop.seed``).
 
-    def __init__(self, args: Any = None, print_config: bool = False, **kwargs: Any) -> None:
+    ``grid``: the Flower Grid of the ServerApp running this command
+    (:mod:`fedlightning.flower_app.server`), handed to its ``FlowerBackend(address=None)``.
+    """
+
+    def __init__(
+        self, args: Any = None, print_config: bool = False, grid: Any = None, **kwargs: Any
+    ) -> None:
         self.print_resolved_config = print_config
+        self.grid = grid
         readable = {"formatter_class": PlainHelpFormatter}
         kwargs.setdefault(
             "parser_kwargs",
@@ -106,7 +113,10 @@ class FederatedCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> FederatedLoop:
         config = {**self._get(self.config_init, "loop", default={}), **kwargs}
-        return self.trainer_class(**config)
+        loop = self.trainer_class(**config)
+        if self.grid is not None:
+            loop.backend.use_grid(self.grid)
+        return loop
 
     def instantiate_classes(self) -> None:
         """As LightningCLI; with ``--print_config``, print the config as it will run and exit: the
@@ -152,11 +162,13 @@ def _attribute(name: str):
     return get
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None, grid: Any = None) -> None:
     """Entry point of the ``fedlightning`` command; ``fedlightning plot ...`` overlays runs
     (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
     pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop;
-    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`)."""
+    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`).
+    ``grid``: a Flower ServerApp's Grid for ``fit`` with ``FlowerBackend(address=None)``
+    (:mod:`fedlightning.flower_app.server`)."""
     if args is None:  # the `fedlightning` process itself (not a call from Python, e.g. a test)
         freeze_imported()  # its imports live as long as it does (fedlightning.gc_tuning)
     argv = sys.argv[1:] if args is None else list(args)
@@ -187,7 +199,7 @@ def main(args: list[str] | None = None) -> None:
 
             flower_app_main(argv[1:])
         else:
-            FederatedCLI(args=args)
+            FederatedCLI(args=args, grid=grid)
     except (RunStopped, ClientBug) as err:
         print(f"fedlightning: stopped: {err}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -1,4 +1,4 @@
-"""Errors the library raises for bad user input."""
+"""Errors the library raises: bad user input, stopped runs, storage failures, lost workers."""
 
 
 class ConfigurationError(ValueError):
@@ -32,3 +32,10 @@ class StorageError(RuntimeError):
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) during a run. The message says after which round it stopped and which
     checkpoint resumes it; the CLI prints it and exits with status 130."""
+
+
+class WorkerLost(RuntimeError):
+    """The worker that ran (or was to run) a client fit died or was unavailable (an actor killed
+    by the OS, a node lost). The client failed, but this is no evidence of a bug in the objective:
+    the failure policy never stops a run for it. Raised by the backends and the Flower transport,
+    read by the loop's failure policy, so it lives here, below all three."""

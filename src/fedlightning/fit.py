@@ -1,10 +1,15 @@
-"""One client's local fit: :func:`fit_client`, the only place a fit happens; every backend calls it.
+"""One client's local fit: :class:`ClientFitter`, the one place a client fit happens.
+
+The sequential backend, every Ray actor and every Flower node keep one ClientFitter and call its
+:meth:`~ClientFitter.fit` per client job; the cohort backend alone trains differently (it vmaps
+the objective's own ``local_loss`` over clients, :mod:`fedlightning.backends.cohort`).
 
 A client objective states its local objective as :meth:`ClientModule.local_loss`; the fit runs it
 on Lightning Fabric (precision and gradient scaler, optimizer and LR schedulers in any form
 ``configure_optimizers`` documents, gradient clipping), or on a lean Lightning Trainer when the
 objective needs one (manual optimization, overridden training hooks, a precision Fabric's loop
-here does not cover): :func:`trainer_reason` says which, and why.
+here does not cover): :func:`trainer_reason` says which, and why. Device and precision come from
+the run's :class:`~fedlightning.compute.Compute`, resolved once.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.fabric import Fabric
 
+from fedlightning.compute import FABRIC_PRECISIONS, Compute, canonical
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
 from fedlightning.seeding import derive_seed, seed_fit
@@ -25,8 +31,6 @@ if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
 
-#: precisions the Fabric fit runs (others, e.g. ``64-true``, get the Trainer)
-FABRIC_PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed")
 #: LightningModule hooks the Fabric fit does not call: a module overriding any of them (relative to
 #: ClientModule) is fitted by a Trainer so that its hooks run
 TRAINER_HOOKS = (
@@ -43,7 +47,7 @@ def trainer_reason(model: ClientModule, precision: str) -> str | None:
     """Why ``model`` needs a Lightning Trainer for its fits (``None``: Fabric fits it)."""
     from fedlightning.clients.base import ClientModule
 
-    if str(precision) not in FABRIC_PRECISIONS:
+    if canonical(precision) not in FABRIC_PRECISIONS:
         return f"precision {precision!r} (the Fabric fit covers {', '.join(FABRIC_PRECISIONS)})"
     if not model.automatic_optimization:
         return "it uses manual optimization"
@@ -117,32 +121,23 @@ def split_optimizers(
     return optimizers[0], configs
 
 
-def fabric_for(accelerator: str, precision: str) -> Fabric:
-    """A one-device Fabric for ``precision``: ``32`` is Lightning's alias of ``32-true``, and a
-    precision the Fabric fit does not run (``64-true``: Trainer fits) gets ``32-true``, whose
-    Fabric serves only its device and a no-op autocast."""
-    precision = "32-true" if precision == "32" or precision not in FABRIC_PRECISIONS else precision
-    return Fabric(accelerator=accelerator, devices=1, precision=precision)
-
-
 class ClientFitter:
     """Fits clients of one run on one device: Fabric's precision, optimizers and clipping, or a
-    lean Trainer for objectives that need one (:func:`trainer_reason`)."""
+    lean Trainer for objectives that need one (:func:`trainer_reason`).
 
-    def __init__(self, config: FitConfig) -> None:
-        # fp16 AMP does not exist on a CPU: Lightning runs bf16-mixed there, and both Fabric and
-        # the Trainer warn about it on every construction. The loop's evaluation Fabric warns
-        # once per run; the fits here run bf16-mixed directly and add no copies of that warning.
-        if config.precision == "16-mixed":
-            device = Fabric(accelerator=config.accelerator, devices=1).device
-            if device.type == "cpu":
-                config = replace(config, precision="bf16-mixed")
-        self.config = config
-        self.fabric = self._fabric()
-        self.device = self.fabric.device
+    Args:
+        config: how every fit of the run is done.
+        compute: the run's resolved device and precision (the loop's, for an in-process backend);
+            ``None``: resolved here from ``config``, once (a Ray actor's or a Flower node's own).
+    """
 
-    def _fabric(self) -> Fabric:
-        return fabric_for(self.config.accelerator, self.config.precision)
+    def __init__(self, config: FitConfig, compute: Compute | None = None) -> None:
+        if compute is None:
+            compute = Compute.resolve(config.accelerator, config.precision)
+        self.compute = compute
+        # the precision the fits run (16-mixed is bf16-mixed on a CPU, as Lightning runs it)
+        self.config = replace(config, precision=compute.precision)
+        self.device = compute.device
 
     def fit(self, model: ClientModule, dm: FederatedDataModule, job: ClientJob) -> FitResult:
         """Client ``job.client_id``'s local fit from ``job.payload``: its upload and new state.
@@ -184,9 +179,9 @@ class ClientFitter:
         clipping (on unscaled gradients), the optimizer step (skipped by the scaler on non-finite
         gradients), then step-interval schedulers; epoch-interval schedulers after each pass."""
         config = self.config
-        # a fresh gradient scaler per fit, as Lightning builds one per Trainer: no scaler state
-        # crosses clients, so their order cannot change a result
-        fabric = self._fabric() if config.precision == "16-mixed" else self.fabric
+        # the run's Fabric; a fresh one per 16-mixed fit, so no gradient scaler state crosses
+        # clients and their order cannot change a result (Compute.fit_fabric)
+        fabric = self.compute.fit_fabric()
         optimizer, schedulers = split_optimizers(model.configure_optimizers())
         fabric_optimizer = fabric.setup_optimizers(optimizer)
         model.train()
@@ -258,9 +253,3 @@ def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps:
     )
     return FitResult(upload, state)
 
-
-def fit_client(
-    model: ClientModule, dm: FederatedDataModule, job: ClientJob, config: FitConfig
-) -> FitResult:
-    """One client fit with a :class:`ClientFitter` built for it (backends keep one per run)."""
-    return ClientFitter(config).fit(model, dm, job)

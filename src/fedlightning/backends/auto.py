@@ -23,9 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from lightning.fabric import Fabric
-
-from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort import CohortBackend
 from fedlightning.backends.sequential import SequentialBackend
 from fedlightning.errors import ConfigurationError
@@ -33,22 +31,22 @@ from fedlightning.protocol import ClientJob, FitConfig
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
+    from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
 
 log = logging.getLogger("fedlightning")
 
 
-def choose_backend(model: ClientModule, config: FitConfig) -> tuple[Backend, str]:
-    """``(backend, reason)`` by the rule of the module docstring."""
-    device = Fabric(accelerator=config.accelerator, devices=1).device
-    if device.type == "cpu":
+def choose_backend(model: ClientModule, config: FitConfig, compute: Compute) -> tuple[Backend, str]:
+    """``(backend, reason)`` by the rule of the module docstring, on the run's device."""
+    if compute.device.type == "cpu":
         return SequentialBackend(), "on the CPU the cohort path is slower than sequential fits"
     cohort = CohortBackend()
     try:
-        cohort.check(model, config)
+        cohort.check(model, config, compute)
     except ConfigurationError as refusal:
         return SequentialBackend(), str(refusal).split(": ", 1)[-1].split(";")[0]
-    return cohort, f"all sampled clients vectorized in one step on {device.type}"
+    return cohort, f"all sampled clients vectorized in one step on {compute.device.type}"
 
 
 class AutoBackend(Backend):
@@ -59,21 +57,22 @@ class AutoBackend(Backend):
         self.chosen: Backend | None = None
         self.reason = ""
 
-    def check(self, model: ClientModule, config: FitConfig) -> None:
-        self.chosen, self.reason = choose_backend(model, config)
-        self.chosen.check(model, config)
+    def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
+        self.chosen, self.reason = choose_backend(model, config, compute)
+        self.chosen.check(model, config, compute)
 
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
         if self.chosen is None:
-            self.check(model, config)
+            self.check(model, config, compute)
         assert self.chosen is not None
         # said once the run starts (every start-up check passed): a refused run prints its error only
         message = f"backend: auto chose {type(self.chosen).__name__} ({self.reason})"
         log.info(message)
         print(message, file=sys.stderr)  # the run's console line, beside the loop's done line
-        self.chosen.start(model, datamodule, config)
+        self.chosen.start(model, datamodule, config, compute, on_client_done)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         assert self.chosen is not None, "start() first"

@@ -9,7 +9,9 @@ knows nothing else about a backend. A backend runs fits with
 results; the cohort gives the same up to floating-point reassociation, with two qualifications
 (:mod:`fedlightning.backends.cohort`): networks that amplify rounding (small BatchNorm ResNets)
 agree after one step and closely after a round but only in distribution over many rounds, and
-dropout masks are not the sequential ones.
+dropout masks are not the sequential ones. The run's device and precision come resolved, once, as
+a :class:`~fedlightning.compute.Compute` (a backend whose workers live in other processes sends
+them the :class:`~fedlightning.protocol.FitConfig` instead, and each worker resolves its own).
 """
 
 from __future__ import annotations
@@ -18,41 +20,41 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from fedlightning.errors import WorkerLost
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
 from fedlightning.recorded_args import RecordsInitArgs
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
+    from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
+
+__all__ = ["Backend", "ClientDone", "RoundResults", "WorkerLost"]
 
 #: what a backend returns for one round
 RoundResults = dict[int, FitResult | BaseException]
-
-
-class WorkerLost(RuntimeError):
-    """The worker that ran (or was to run) a client fit died or was unavailable (an actor killed
-    by the OS, a node lost). The client failed, but this is no evidence of a bug in the objective:
-    the failure policy never stops a run for it."""
+#: called with a client id after each client fit (progress reports in long rounds)
+ClientDone = Callable[[int], None]
 
 
 class Backend(RecordsInitArgs, ABC):
-    """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``.
+    """Runs client fits. Lifecycle: ``check`` and ``start`` once per run, ``run`` once per round,
+    ``stop``. The arguments a backend is constructed with are recorded
+    (:mod:`fedlightning.recorded_args`)."""
 
-    ``on_client_done`` (set by the loop) may be called with a client id after each fit, for
-    progress reports in long rounds; backends that fit all clients at once never call it. The
-    arguments a backend is constructed with are recorded (:mod:`fedlightning.recorded_args`)."""
-
-    on_client_done: Callable[[int], None] | None = None
-
-    def check(self, model: ClientModule, config: FitConfig) -> None:  # noqa: B027 (optional hook)
-        """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config``;
-        called by the loop at start-up, before anything is written or trained."""
+    def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:  # noqa: B027 (optional hook)
+        """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config`` on
+        ``compute``; called by the loop at start-up, before anything is written or trained."""
 
     @abstractmethod
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
-        """Prepare to fit clients of ``model`` on ``datamodule`` (set up data, devices, workers)."""
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
+        """Prepare to fit clients of ``model`` on ``datamodule`` with ``config`` on ``compute``
+        (set up data, devices, workers). ``on_client_done``, if given, may be called with a client
+        id after each fit, for progress reports in long rounds; backends that fit all clients at
+        once never call it."""
 
     @abstractmethod
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:

@@ -49,14 +49,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.fabric import Fabric
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort_checks import check_cohort
 from fedlightning.backends.cohort_metrics import StackedMetrics
 from fedlightning.backends.cohort_optim import (
@@ -66,6 +66,7 @@ from fedlightning.backends.cohort_optim import (
     optimizer_refusal,
 )
 from fedlightning.backends.cohort_state import ClientView, ContextLoss
+from fedlightning.compute import COHORT_PRECISIONS, Compute
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import fit_result, split_optimizers, trainer_reason
 from fedlightning.protocol import ClientJob, FitConfig
@@ -74,9 +75,6 @@ from fedlightning.seeding import derive_seed, seed_fit
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
-
-COHORT_PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed")
-_AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
 def _refuse(reason: str) -> None:
@@ -89,11 +87,11 @@ def _refuse(reason: str) -> None:
 class CohortBackend(Backend):
     """Trains every sampled client of a round at once (see the module docstring)."""
 
-    def check(self, model: ClientModule, config: FitConfig) -> None:
-        reason = trainer_reason(model, config.precision)
+    def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
+        reason = trainer_reason(model, compute.precision)
         if reason is not None:
             _refuse(f"it vectorizes local_loss, and {reason}")
-        if config.precision not in COHORT_PRECISIONS:
+        if compute.precision not in COHORT_PRECISIONS:
             _refuse(f"it trains in {', '.join(COHORT_PRECISIONS)}, got {config.precision!r}")
         optimizer, schedulers = split_optimizers(model.configure_optimizers())
         refusal = optimizer_refusal(optimizer)
@@ -101,20 +99,22 @@ class CohortBackend(Backend):
             _refuse(refusal)
         if schedulers:
             _refuse("it does not step LR schedulers")
-        device = Fabric(accelerator=config.accelerator, devices=1).device
-        if config.precision in _AUTOCAST and device.type == "cpu":
+        if compute.autocast_dtype is not None and compute.device.type == "cpu":
             for name, module in model.named_modules():
                 if isinstance(module, nn.modules.batchnorm._NormBase):
                     _refuse(f"{name} ({type(module).__name__}) under {config.precision} on the CPU")
         self.checked = True
 
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
         if not getattr(self, "checked", False):
-            self.check(model, config)
-        self.model, self.dm, self.config = model, datamodule, config
-        self.device = Fabric(accelerator=config.accelerator, devices=1).device
+            self.check(model, config, compute)
+        # the precision the fits run (16-mixed is bf16-mixed on a CPU, as in a sequential fit)
+        self.model, self.dm = model, datamodule
+        self.config, self.compute = replace(config, precision=compute.precision), compute
+        self.device = compute.device
         datamodule.place_training_data(self.device)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
@@ -160,7 +160,7 @@ class CohortBackend(Backend):
 
         step = vmap(grad_and_value(loss, has_aux=True), randomness="different")
         scaler = StackedScaler(len(jobs), device) if config.precision == "16-mixed" else None
-        dtype = _AUTOCAST.get(config.precision)
+        dtype = self.compute.autocast_dtype
         autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
         seed_fit(derive_seed(config.seed, "cohort", round_index, number))  # dropout masks
         streams = [_batches(self.dm, config, round_index, job.client_id) for job in jobs]

@@ -15,7 +15,9 @@ submits a small relay ServerApp with ``flwr run`` (the connection ``address``, `
 ``root_certificates`` passed to Flower as a SuperLink connection) and the relay connects back to
 this process on ``relay_host`` (authenticated with a one-run key); the loop keeps sampling,
 aggregation, evaluation and checkpoints (resume as with any backend). With ``address: null`` the
-backend uses the Grid of the ServerApp it runs in (the app ``fedlightning flower-app`` writes).
+backend uses the Grid of the ServerApp it runs in (the app ``fedlightning flower-app`` writes):
+that ServerApp passes its Grid to the command it runs, which hands it to
+:meth:`FlowerBackend.use_grid` before the run starts (:mod:`fedlightning.flower_app.server`).
 
 Which node fits which client: each SuperNode's node config (``partition-id``/``num-partitions`` or
 ``client-ids``, :mod:`fedlightning.flower_app.client`); ``start`` waits up to ``connect_timeout``
@@ -40,13 +42,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlightning.backends.base import Backend, RoundResults, WorkerLost
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.backends.base import Backend, ClientDone, RoundResults
+from fedlightning.errors import ConfigurationError, WorkerLost, require
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.seeding import derive_seed, seed_fit
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
+    from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
 
 
@@ -125,17 +128,33 @@ class FlowerBackend(Backend):
             connect_timeout,
             relay_host,
         )
+        self.grid: Any = None
         self.transport: Any = None
         self.served: dict[int, list[int]] = {}
         self._tmp: str | None = None
 
-    def check(self, model: ClientModule, config: FitConfig) -> None:
+    def use_grid(self, grid: Any) -> None:
+        """Fit on ``grid`` (a Flower ``Grid``), that of the ServerApp this loop runs in: called on
+        that ServerApp's behalf (:mod:`fedlightning.flower_app.server`) by the command it runs,
+        ``fedlightning.cli.main(..., grid=grid)``, before the run starts."""
+        require(
+            self.address is None,
+            "loop.backend.init_args.address", self.address,
+            "null when the loop runs inside a Flower ServerApp (it uses that app's Grid)",
+        )  # fmt: skip
+        self.grid = grid
+
+    def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
         _flwr()
 
     # -- start: reach the SuperLink, wait for SuperNodes -----------------------------------------
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
+        """Reach the SuperLink and wait for SuperNodes serving every client. The nodes resolve
+        their own compute from ``config`` (each once); ``on_client_done`` is not called: a node
+        fits its clients of a round in one message."""
         _flwr()
         self.config, self.num_clients = config, datamodule.num_clients
         self.spec = {
@@ -143,15 +162,14 @@ class FlowerBackend(Backend):
             "data": _class_spec(datamodule, "data module"),
         }
         if self.address is None:
-            from fedlightning.flower_app.server import GRID
             from fedlightning.flower_app.transport import GridTransport
 
-            if not GRID:
+            if self.grid is None:
                 raise ConfigurationError(
                     "loop.backend.init_args.address=null means the Grid of the ServerApp this loop "
                     "runs in, but none runs here: set it to your SuperLink's host:port"
                 )
-            self.transport = GridTransport(GRID[0])
+            self.transport = GridTransport(self.grid)
         else:
             from fedlightning.flower_app.connect import start_relay
 

@@ -22,13 +22,14 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlightning.backends.base import Backend, RoundResults, WorkerLost
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.backends.base import Backend, ClientDone, RoundResults
+from fedlightning.errors import ConfigurationError, WorkerLost, require
 from fedlightning.placement import to_cpu
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
+    from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
 
 
@@ -72,7 +73,8 @@ _RETRY_WAIT_S = 1.0
 class ClientWorker:
     """One actor: a client module, the data module and a :class:`ClientFitter`.
 
-    The constructor takes only the small FitConfig; the model and the data module come with each
+    The constructor takes only the small FitConfig, from which the fitter resolves the actor's own
+    device and precision once (:class:`~fedlightning.compute.Compute`); the model and the data module come with each
     fit as ``shared = [model_ref, datamodule_ref]`` (object refs inside a list: Ray passes them
     as borrowed references) and are fetched on the actor's first fit. Ray logs an error-level line
     for every restartable actor whose constructor arguments live in the object store; here none
@@ -142,11 +144,16 @@ class RayBackend(Backend):
         self.num_cpus = num_cpus_per_client
         self.workers: list[Any] = []
         self.shared: list[Any] = []
+        self.on_client_done: ClientDone | None = None
         self._owns_ray = False
 
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
+        """Start the actors; each resolves its own compute from ``config`` (its device, e.g. a
+        CPU-only actor's, may differ from the driver's ``compute``)."""
+        self.on_client_done = on_client_done
         ray = _ray()
         # a Ray instance this backend starts is shut down by stop(); one the user started stays
         self._owns_ray = not ray.is_initialized()

@@ -6,13 +6,14 @@ import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fedlightning.backends.base import Backend, RoundResults
+from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import ClientFitter
 from fedlightning.protocol import ClientJob, FitConfig
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
+    from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
 
 
@@ -21,10 +22,12 @@ class SequentialBackend(Backend):
     stays on the fitting device (a GPU) for the whole run when it fits there."""
 
     def start(
-        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig
-    ) -> None:
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, on_client_done: ClientDone | None = None,
+    ) -> None:  # fmt: skip
         self.model, self.datamodule = model, datamodule
-        self.fitter = ClientFitter(config)
+        self.fitter = ClientFitter(config, compute)
+        self.on_client_done = on_client_done
         datamodule.place_training_data(self.fitter.device)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fedlightning.clients.base import ClientModule
-from fedlightning.clients.scaffold import NO_SKIP_PRECISIONS
+from fedlightning.compute import NO_SKIP_PRECISIONS
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import StateDict
 

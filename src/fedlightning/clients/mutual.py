@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from fedlightning.clients.base import ClientModule
 from fedlightning.clients.fml_heads import AdaptorHeads, mask_logits, masked_hits
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.loop.distribution import accuracy_distribution
+from fedlightning.metrics import accuracy_distribution
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
 from fedlightning.state import ClientStore
@@ -249,7 +249,7 @@ class FML(AdaptorHeads, ClientModule):
           ``adaptor_acc`` (``adaptor_acc_all``...) scores each client's meme model, the global
           backbone with the client's own head, the same way;
         * ``personal_acc_all`` (with ``_weighted``, ``_std``, ``_min``, ``_worst10``: the
-          distribution of :mod:`fedlightning.loop.distribution`): every client that holds a
+          distribution of :mod:`fedlightning.metrics`): every client that holds a
           personal model, i.e. every client that has trained at least once, sampled this round or
           not (``personal_clients`` counts them).
         """
@@ -290,7 +290,7 @@ def _accuracies(
     hits: dict[int, tuple[int, int]], sampled: Sequence[int], everyone: list[int], name: str
 ) -> dict[str, float]:
     """``name``: the mean accuracy over the ``sampled`` clients; ``name_all`` with its
-    distribution (:mod:`fedlightning.loop.distribution`) over ``everyone``."""
+    distribution (:mod:`fedlightning.metrics`) over ``everyone``."""
     values = [hits[c][0] / hits[c][1] for c in sampled if c in hits and hits[c][1]]
     results = {name: sum(values) / len(values)} if values else {}
     if everyone:

@@ -9,13 +9,10 @@ import torch
 from torch import Tensor
 
 from fedlightning.clients.base import ClientModule
+from fedlightning.compute import NO_SKIP_PRECISIONS
 from fedlightning.errors import ConfigurationError
 from fedlightning.placement import move
 from fedlightning.protocol import Payload, StateDict
-
-#: Lightning precisions whose optimizer steps are never skipped by a gradient scaler (``16-mixed``
-#: skips a step with non-finite gradients, yet the Trainer still counts it)
-NO_SKIP_PRECISIONS = frozenset({"32-true", "32", "bf16-mixed", "64-true"})
 
 
 def scaffold_control_update(

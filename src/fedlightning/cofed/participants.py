@@ -27,9 +27,9 @@ from fedlightning.cofed.lr_search import (
     validation_split,
 )
 from fedlightning.cofed.recipe import Recipe
+from fedlightning.compute import PRECISIONS
 from fedlightning.data.loader import TensorBatches
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.loop import PRECISIONS
 from fedlightning.models.registry import create_model, list_models, model_builder
 from fedlightning.seeding import derive_seed, seed_fit
 from fedlightning.training import lean_trainer

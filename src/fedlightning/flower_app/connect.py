@@ -18,8 +18,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from fedlightning.backends.base import WorkerLost
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, WorkerLost
 from fedlightning.flower_app.export import warm_client_source, write_pyproject
 
 #: relay.py's import of the transport, replaced in the relay app's copy

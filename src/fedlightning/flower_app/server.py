@@ -2,7 +2,10 @@
 
 The run config holds the fedlightning config (YAML text) and the run directory; the loop is built
 by :class:`~fedlightning.cli.FederatedCLI` as ``fedlightning fit`` would, with
-``loop.backend: FlowerBackend`` on the Grid this ServerApp was given (``address: null``).
+``loop.backend: FlowerBackend`` (``address: null``) on the Grid this ServerApp was given, which
+:func:`main` passes to the command (``fedlightning.cli.main(..., grid=grid)``) and the CLI hands to
+the backend (:meth:`~fedlightning.backends.flower.FlowerBackend.use_grid`). Like
+:mod:`fedlightning.cli`, this module is an entry point: it runs the whole command.
 """
 
 from __future__ import annotations
@@ -16,9 +19,6 @@ from flwr.serverapp import Grid, ServerApp
 
 app = ServerApp()
 
-#: the Grid of the ServerApp running in this process (read by FlowerBackend(address=None))
-GRID: list[Grid] = []
-
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
@@ -29,15 +29,12 @@ def main(grid: Grid, context: Context) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fedlightning.yaml"
         path.write_text(str(config["fedlightning-config"]))
-        GRID[:] = [grid]
         sys.argv = ["fedlightning"]
-        try:
-            fit_main(
-                [
-                    "fit", "--config", str(path), "--loop.run_dir", str(config["run-dir"]),
-                    "--loop.backend", "fedlightning.backends.flower.FlowerBackend",
-                    "--loop.backend.init_args.address", "null",
-                ]
-            )  # fmt: skip
-        finally:
-            GRID.clear()
+        fit_main(
+            [
+                "fit", "--config", str(path), "--loop.run_dir", str(config["run-dir"]),
+                "--loop.backend", "fedlightning.backends.flower.FlowerBackend",
+                "--loop.backend.init_args.address", "null",
+            ],
+            grid=grid,
+        )  # fmt: skip

@@ -21,16 +21,16 @@ from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError, RunStopped
-from fedlightning.fit import fabric_for
 from fedlightning.loop.checkpoint import atomic_save, make_checkpoint, read_checkpoint
 from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
 from fedlightning.loop.reporting import Reporter
+from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
 from fedlightning.loop.sampling import sample_clients
 from fedlightning.loop.server_guard import ServerGuard
-from fedlightning.loop.startup import PRECISIONS, check_arguments, open_run, prepare_run
+from fedlightning.loop.startup import check_arguments, open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import ClientJob, FitConfig
@@ -41,7 +41,7 @@ from fedlightning.training import cpu_compute, quiet_lightning
 
 log = logging.getLogger("fedlightning")
 
-__all__ = ["PRECISIONS", "FederatedLoop"]
+__all__ = ["FederatedLoop"]
 
 
 class FederatedLoop:
@@ -64,8 +64,11 @@ class FederatedLoop:
             ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it,
             beyond the cohort's float rounding: with BatchNorm ResNets or dropout it agrees
             after a step, and over many rounds in distribution (:mod:`fedlightning.backends.base`).
-        precision: Lightning precision of every client fit and evaluation.
-        accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...); its device is also the
+        precision: Lightning precision of every client fit and evaluation (which path runs
+            which precision: :mod:`fedlightning.compute`; ``16-mixed`` runs ``bf16-mixed`` on a
+            CPU, as in Lightning).
+        accelerator: Lightning accelerator (``auto``, ``cpu``, ``gpu``...), resolved once per run
+            with the precision (:class:`~fedlightning.compute.Compute`); its device is also the
             server device, where the server state stays between rounds
             (:mod:`fedlightning.loop.server_device`).
         devices: devices per client fit (one; several GPUs are reached through a backend).
@@ -168,17 +171,18 @@ class FederatedLoop:
         self.reporter = Reporter(
             self.run_dir, loggers or (), wandb,
             dict(project=wandb_project, group=wandb_group, tags=wandb_tags, name=wandb_name),
-            progress_bar, plots,
+            progress_bar, plots, log_every,
         )  # fmt: skip
         self.history: list[dict[str, float]] = []
         self.overwrite = overwrite
         self.max_skipped_fraction = max_skipped_fraction
-        self.reporter.log_every = log_every
         self.summary = RunSummary()
         #: the resolved config the CLI writes to ``run_dir/config.yaml`` once every check passed
         self.config_text: str | None = None
         self.communication = CommunicationMeter()
         self.target = TargetTracker(target_acc)
+        #: what start-up resolved for the current (or last) ``fit`` (:func:`prepare_run`)
+        self.run_state: RunState | None = None
 
     @property
     def precision(self) -> str:
@@ -206,16 +210,20 @@ class FederatedLoop:
             raise ConfigurationError(
                 "FederatedLoop.fit needs a FederatedDataModule as `datamodule`"
             )
-        per_round, checkpoint, resuming = prepare_run(self, model, datamodule, ckpt_path)
-        overwrite = self.overwrite and checkpoint is None  # a resume rewrites its history itself
-        with RunDirectory(self.run_dir, overwrite, resuming=resuming or self.overwrite):
+        self.run_state = run = prepare_run(self, model, datamodule, ckpt_path)
+        if run.checkpoint is not None:
+            self._resume_records(run.checkpoint)
+        overwrite = self.overwrite and run.checkpoint is None  # a resume rewrites its history
+        with RunDirectory(self.run_dir, overwrite, resuming=run.resumes_in_place or self.overwrite):
             with (
                 cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
                 quiet_lightning(),
             ):
                 try:
-                    self.backend.start(model, datamodule, self.fit_config)
-                    return self._run(model, datamodule, per_round, checkpoint)
+                    self.backend.start(
+                        model, datamodule, self.fit_config, run.compute, self.reporter.client_done
+                    )
+                    return self._run(model, datamodule, run)
                 except KeyboardInterrupt:
                     raise interrupted(self._newest_checkpoint()) from None
                 except OSError as error:  # the run's own files: never a client failure
@@ -223,20 +231,21 @@ class FederatedLoop:
                 finally:
                     self.backend.stop()
 
+    def _resume_records(self, checkpoint: dict[str, Any]) -> None:
+        """The loop's own records of a resumed run: its history and meters."""
+        self.history = list(checkpoint["history"])
+        meters = checkpoint.get("meters", {})
+        self.communication.load_state_dict(meters.get("communication", {}))
+        self.target.load_state_dict(meters.get("target", {}))
+
     # -- the rounds -----------------------------------------------------------------------------
-    def _run(
-        self,
-        model: ClientModule,
-        dm: FederatedDataModule,
-        per_round: int,
-        checkpoint: dict[str, Any] | None,
-    ) -> dict[str, float]:
-        start_round = open_run(self, model, dm, checkpoint)
-        fabric = fabric_for(self.fit_config.accelerator, self.precision)  # evaluation's context
-        evaluator = Evaluator(fabric.device, fabric.autocast)
+    def _run(self, model: ClientModule, dm: FederatedDataModule, run: RunState) -> dict[str, float]:
+        open_run(self, model, dm, run)
+        start_round, per_round = run.first_round, run.clients_per_round
+        evaluator = Evaluator(run.compute.device, run.compute.autocast)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         guard = ServerGuard(
-            self.aggregator, self.summary, self.on_round_failure, self.server.device
+            self.aggregator, self.summary, self.on_round_failure, run.server.device
         )
         started = time.perf_counter()
         with self.reporter.progress(self.rounds, start_round) as advance:
@@ -246,7 +255,7 @@ class FederatedLoop:
                 payloads = self.aggregator.configure_round(r, client_ids)
                 jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
                 with self.reporter.watch_round(r, len(jobs)):
-                    results = self.server.arrivals(self.backend.run(r, jobs))
+                    results = run.server.arrivals(self.backend.run(r, jobs))
                 traffic = self.communication.count(jobs, results)
                 outcome = sort_results(
                     r, client_ids, results, payloads, self.summary,
@@ -297,7 +306,7 @@ class FederatedLoop:
                 else:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
-                    self._save_checkpoint(r + 1)
+                    self._save_checkpoint(run, r + 1)
                 advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
         unsaved = guard.final_model_problem(self.aggregator.global_state())  # None: finite
         if unsaved is None:
@@ -321,14 +330,14 @@ class FederatedLoop:
         )
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _save_checkpoint(self, rounds_done: int) -> None:
+    def _save_checkpoint(self, run: RunState, rounds_done: int) -> None:
         checkpoint = make_checkpoint(
-            rounds_done, self.identity, self.aggregator.state_dict(), self.store.state_dict(),
+            rounds_done, run.identity, self.aggregator.state_dict(), self.store.state_dict(),
             self.history, {"wandb": self.reporter.wandb_id()},
             {"communication": self.communication.state_dict(), "target": self.target.state_dict()},
         )  # fmt: skip
         atomic_save(checkpoint, self.run_dir / "last.ckpt")
-        self._last_checkpoint = (rounds_done, str(self.run_dir / "last.ckpt"))
+        run.last_checkpoint = (rounds_done, str(self.run_dir / "last.ckpt"))
         self.store.commit()
 
     def _newest_checkpoint(self) -> tuple[int, str] | None:
@@ -338,7 +347,7 @@ class FederatedLoop:
         try:
             return int(read_checkpoint(str(path))["round"]), str(path)
         except ConfigurationError:
-            return self._last_checkpoint
+            return self.run_state.last_checkpoint if self.run_state is not None else None
 
 
 def _mean(values: list[float]) -> float:

@@ -4,7 +4,7 @@ Each deployable model is scored on the global test set (``test_acc``, ``test_los
 than ``"global"`` prefixed by their name, e.g. ``resnet10/test_acc``), the global model on every
 client's validation split (``val_acc``: the unweighted mean over clients of each client's
 accuracy, with the distribution's sample-weighted mean, std, min and worst 10%:
-:mod:`fedlightning.loop.distribution`), then the objective adds its own metrics (:meth:`ClientModule.evaluate_clients`).
+:mod:`fedlightning.metrics`), then the objective adds its own metrics (:meth:`ClientModule.evaluate_clients`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from fedlightning.loop.distribution import accuracy_distribution
+from fedlightning.metrics import accuracy_distribution
 from fedlightning.protocol import StateDict
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class Evaluator:
         self, model: ClientModule, x: Tensor, y: Tensor, owner: Tensor, batch_size: int
     ) -> dict[str, float]:
         """The distribution of each client's accuracy on its own samples
-        (:func:`~fedlightning.loop.distribution.accuracy_distribution`: ``val_acc`` is the
+        (:func:`~fedlightning.metrics.accuracy_distribution`: ``val_acc`` is the
         unweighted mean over clients, with ``_weighted``, ``_std``, ``_min`` and ``_worst10``)."""
         correct = torch.zeros(0, dtype=torch.float64, device=self.device)
         counts = torch.zeros(0, dtype=torch.float64, device=self.device)

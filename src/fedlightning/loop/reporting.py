@@ -34,6 +34,7 @@ class Reporter:
             with ``wandb_settings`` (offline without an API key; resumed runs continue their run).
         progress_bar: show a rich progress bar over rounds.
         plots: write ``partition.png`` at start and ``curves.png`` at the end.
+        log_every: with stderr not a terminal, one plain line every this many rounds.
     """
 
     def __init__(
@@ -44,6 +45,7 @@ class Reporter:
         wandb_settings: dict[str, Any] | None = None,
         progress_bar: bool = True,
         plots: bool = True,
+        log_every: int = 1,
     ) -> None:
         self.run_dir = run_dir
         self.extra_loggers = list(loggers)
@@ -53,7 +55,7 @@ class Reporter:
         self.plots = plots
         self.loggers: list[Logger] = []
         self.console = Console(stderr=True)
-        self.log_every = 1
+        self.log_every = log_every
         self.slow_round_s = 5.0
         self._clients_done = 0
 

@@ -1,8 +1,9 @@
 """The server device: where the loop keeps the server state between rounds.
 
-The server device is the device the run trains on: the loop's ``accelerator`` resolved by
-Lightning Fabric (``auto`` is the GPU when there is one), as the client fits and the backends
-resolve it. The global model(s), the aggregator's own state (SCAFFOLD's ``c``, FedCross's
+The server device is the device the run trains on: the run's
+:class:`~fedlightning.compute.Compute` device (the loop's ``accelerator`` resolved once by
+Lightning Fabric; ``auto`` is the GPU when there is one), which the client fits, the backends and
+the evaluation use too. The global model(s), the aggregator's own state (SCAFFOLD's ``c``, FedCross's
 middleware models, FedAvgM/FedAdam moments, InCo's and FedNova's updates) and the payloads built
 from them live there for the whole run; aggregators compute on the device of the tensors they are
 given (:mod:`fedlightning.server.functional`). So on a GPU a round never copies the server state
@@ -26,7 +27,6 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import torch
-from lightning.fabric import Fabric
 
 from fedlightning.backends.base import RoundResults
 from fedlightning.placement import move
@@ -35,24 +35,15 @@ from fedlightning.protocol import FitResult
 T = TypeVar("T")
 
 
-def resolve_server_device(accelerator: str) -> torch.device:
-    """The device a run with ``accelerator`` trains on (Lightning Fabric's resolution)."""
-    return Fabric(accelerator=accelerator, devices=1).device
-
-
 class ServerDevice:
     """Places server state on one device (see the module docstring).
 
     Args:
-        device: the server device, e.g. from :func:`resolve_server_device`.
+        device: the server device (the run's ``Compute.device``).
     """
 
     def __init__(self, device: torch.device | str) -> None:
         self.device = torch.device(device)
-
-    @classmethod
-    def for_accelerator(cls, accelerator: str) -> ServerDevice:
-        return cls(resolve_server_device(accelerator))
 
     def place(self, value: T) -> T:
         """``value`` (a state_dict, a list of them, an aggregator's ``state_dict``) on the server

@@ -3,13 +3,18 @@
 1. :func:`check_arguments`: the loop's options, when it is constructed (a bad value is a
    ConfigurationError naming the option before anything is read, trained or written).
 2. :func:`prepare_run`, first in ``FederatedLoop.fit``: set up the data module, check that model,
-   aggregator, precision, accelerator, backend and data fit together, read ``ckpt_path``, check
-   the run directory, compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
+   aggregator, precision, accelerator, backend and data fit together, resolve the run's device
+   and precision once (:class:`~fedlightning.compute.Compute`), read ``ckpt_path``, check the
+   run directory, compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
    aggregator from the model's initial weights and, when resuming, :func:`restore` the
-   checkpoint's server and client state. Nothing is written yet.
+   checkpoint's server and client state. Nothing is written yet. Returns the
+   :class:`~fedlightning.loop.run_state.RunState` the rounds consume.
 3. :func:`open_run`, inside the locked run directory: restore the RNG states of a resume, remove
    stale temporaries, write ``config.yaml``, ``partition.csv`` and ``partition.png``, open the
-   loggers. Returns the first round to run.
+   loggers.
+
+These functions read the loop's options and call its components (aggregator, backend, store,
+reporter); they assign none of the loop's attributes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
+from fedlightning.compute import PRECISIONS, Compute
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError, require
@@ -27,17 +33,17 @@ from fedlightning.loop.checks import check_accelerator, check_seed
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
+from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import check_run_dir, resumes_in, write_marked
 from fedlightning.loop.sampling import clients_per_round
 from fedlightning.loop.server_device import ServerDevice
 from fedlightning.run_config import config_yaml, resolved_config
+from fedlightning.training import quiet_lightning
 
 if TYPE_CHECKING:
     from fedlightning.loop.core import FederatedLoop
 
 log = logging.getLogger("fedlightning")
-
-PRECISIONS = ("32-true", "32", "bf16-mixed", "16-mixed", "64-true")
 
 
 def check_arguments(
@@ -129,10 +135,9 @@ def prepare_run(
     model: ClientModule,
     datamodule: FederatedDataModule,
     ckpt_path: str | None,
-) -> tuple[int, dict[str, Any] | None, bool]:
-    """Every check and set-up before the run directory is written to; returns the clients per
-    round, the checkpoint read from ``ckpt_path`` (None: a new run) and whether the run resumes
-    in its own run directory."""
+) -> RunState:
+    """Every check and set-up before the run directory is written to; returns what the rounds
+    need (:class:`~fedlightning.loop.run_state.RunState`)."""
     datamodule.setup("fit")
     per_round = clients_per_round(loop.clients_per_round, datamodule.num_clients, loop.min_clients)
     check_pairing(model, loop.aggregator, loop.precision)
@@ -143,7 +148,9 @@ def prepare_run(
             f"{datamodule.num_classes - 1}: use num_classes >= {datamodule.num_classes}"
         )
     check_accelerator(loop.fit_config.accelerator)
-    loop.backend.check(model, loop.fit_config)
+    with quiet_lightning():  # no AMP banner (a 16-mixed run on a CPU still warns, once)
+        compute = Compute.resolve(loop.fit_config.accelerator, loop.precision)
+    loop.backend.check(model, loop.fit_config, compute)
     validate_datamodule(datamodule)
     model.prepare_clients(datamodule)
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
@@ -152,34 +159,43 @@ def prepare_run(
     resuming = bool(ckpt_path) and resumes_in(ckpt_path, loop.run_dir)
     check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
-    loop.identity = run_identity(
+    identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
         loop.backend,
     )  # fmt: skip
-    loop.server = ServerDevice.for_accelerator(loop.fit_config.accelerator)
+    server = ServerDevice(compute.device)
     loop.aggregator.setup(
-        loop.server.place(initial), datamodule.num_clients, loop.seed,
+        server.place(initial), datamodule.num_clients, loop.seed,
         client_keys=model.client_key_sets(datamodule.num_clients),
         parameters=model.server_parameter_names(),
     )  # fmt: skip
     needed = loop.aggregator.initial_states_needed(per_round)
     if needed:  # e.g. FedCross(independent_init=True): K independently initialised models
         states = independent_states(model, needed, loop.seed)
-        loop.aggregator.set_initial_states(loop.server.place(states))
-    loop._last_checkpoint = None
+        loop.aggregator.set_initial_states(server.place(states))
+    rounds_done, last_checkpoint = 0, None
     if checkpoint is not None:
-        restore(loop, ckpt_path, checkpoint)
-        loop._last_checkpoint = (checkpoint["round"], ckpt_path)
-    loop.backend.on_client_done = loop.reporter.client_done
-    return per_round, checkpoint, resuming
+        restore(loop, ckpt_path, checkpoint, identity, server)
+        rounds_done, last_checkpoint = checkpoint["round"], (checkpoint["round"], ckpt_path)
+        # loaded: the run keeps no second copy of the server and client state
+        checkpoint = {k: v for k, v in checkpoint.items() if k not in ("aggregator", "clients")}
+    return RunState(
+        clients_per_round=per_round, compute=compute, server=server, identity=identity,
+        checkpoint=checkpoint, resumes_in_place=resuming, first_round=rounds_done,
+        last_checkpoint=last_checkpoint,
+    )  # fmt: skip
 
 
-def restore(loop: FederatedLoop, ckpt_path: str, checkpoint: dict[str, Any]) -> None:
-    """Check ``checkpoint`` belongs to this run and load its server and client state (its
-    RNG states are restored when the rounds start)."""
-    compare_identity(ckpt_path, checkpoint["identity"], loop.identity)
+def restore(
+    loop: FederatedLoop, ckpt_path: str, checkpoint: dict[str, Any], identity: dict[str, Any],
+    server: ServerDevice,
+) -> None:  # fmt: skip
+    """Check ``checkpoint`` belongs to this run (its ``identity``) and load its server and client
+    state (the loop restores its own records, the RNG states are restored when the rounds
+    start)."""
+    compare_identity(ckpt_path, checkpoint["identity"], identity)
     try:
-        loop.aggregator.load_state_dict(loop.server.place(checkpoint["aggregator"]))
+        loop.aggregator.load_state_dict(server.place(checkpoint["aggregator"]))
         loop.store.load_state_dict(checkpoint["clients"])
     except ConfigurationError:
         raise
@@ -189,10 +205,6 @@ def restore(loop: FederatedLoop, ckpt_path: str, checkpoint: dict[str, Any]) -> 
             f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}); "
             "resume from another checkpoint or start a new run"
         ) from None
-    loop.history = list(checkpoint["history"])
-    meters = checkpoint.get("meters", {})
-    loop.communication.load_state_dict(meters.get("communication", {}))
-    loop.target.load_state_dict(meters.get("target", {}))
     rounds_done = checkpoint["round"]
     if rounds_done >= loop.rounds:
         log.warning(
@@ -202,19 +214,15 @@ def restore(loop: FederatedLoop, ckpt_path: str, checkpoint: dict[str, Any]) -> 
 
 
 def open_run(
-    loop: FederatedLoop,
-    model: ClientModule,
-    dm: FederatedDataModule,
-    checkpoint: dict[str, Any] | None,
-) -> int:
-    """Write the run's start files and open its loggers; returns the first round to run."""
-    start_round, wandb_id = 0, None
-    if checkpoint is not None:
-        restore_rng(checkpoint)
-        start_round, wandb_id = checkpoint["round"], checkpoint.get("wandb_id")
+    loop: FederatedLoop, model: ClientModule, dm: FederatedDataModule, run: RunState
+) -> None:
+    """Write the run's start files and open its loggers (a resume: restore its RNG states first)."""
+    wandb_id = None
+    if run.checkpoint is not None:
+        restore_rng(run.checkpoint)
+        wandb_id = run.checkpoint.get("wandb_id")
     remove_stale_temporaries(loop.run_dir)
     write_marked(loop.run_dir / "config.yaml", *config_yaml(loop, model, dm))
     dm.save_partition(loop.run_dir / "partition.csv")
     loop.reporter.plot_partition(dm)
     loop.reporter.open(loop.history, wandb_id, dm)
-    return start_round

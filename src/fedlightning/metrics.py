@@ -1,4 +1,6 @@
-"""The distribution of per-client accuracies (docs/algorithms.md section 6).
+"""The distribution of per-client accuracies (docs/algorithms.md section 6): read by the loop's
+evaluation (``val_acc``) and by client objectives that score their own personal models (FML's
+``personal_acc``), so it lives below both.
 
 Given client ``i``'s accuracy ``a_i`` on its own split of ``n_i`` samples (clients without samples
 left out), over the ``M`` remaining clients:

@@ -1,0 +1,48 @@
+"""What start-up resolved for one ``FederatedLoop.fit``: the :class:`RunState` the rounds consume.
+
+:func:`fedlightning.loop.startup.prepare_run` builds it (every check passed, nothing written
+yet); the loop keeps it for the length of the run and updates only ``last_checkpoint``. The loop's
+own attributes are its options and its components, all set in ``FederatedLoop.__init__``: no
+start-up function assigns them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedlightning.compute import Compute
+from fedlightning.loop.server_device import ServerDevice
+
+
+@dataclass
+class RunState:
+    """One run's resolved state.
+
+    Attributes:
+        clients_per_round: K, the clients sampled per round (``loop.clients_per_round`` resolved
+            against the number of clients).
+        compute: the run's device, precision and autocast, resolved once; the backend, the
+            evaluation and the server placement read it.
+        server: places the server state on ``compute.device``.
+        identity: the run's identity, stored in every checkpoint and compared on resume
+            (:mod:`fedlightning.loop.identity`).
+        checkpoint: the checkpoint read from ``ckpt_path`` (``None``: a new run) without its
+            server and client state, which start-up loaded into the aggregator and the
+            ClientStore; the loop restores its records from it, and its RNG states when the
+            rounds start.
+        resumes_in_place: the run resumes from a checkpoint in its own run directory (and so
+            continues the results there).
+        first_round: the 0-based round the run starts at (the checkpoint's rounds done, or 0).
+        last_checkpoint: ``(rounds done, path)`` of the newest checkpoint that resumes this run
+            (the one resumed from until the run writes its own); ``None``: none yet.
+    """
+
+    clients_per_round: int
+    compute: Compute
+    server: ServerDevice
+    identity: dict[str, Any]
+    checkpoint: dict[str, Any] | None
+    resumes_in_place: bool
+    first_round: int
+    last_checkpoint: tuple[int, str] | None
