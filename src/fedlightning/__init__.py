@@ -11,9 +11,9 @@ checks every import in ``src/fedlightning`` (typing-only and function-level impo
 layer  packages and top-level modules
 =====  ==========================================================================================
 0      errors seeding gc_tuning protocol placement metrics compute training state tracking
-       run_config
+       recorded_args
 1      models data server analysis
-2      clients
+2      clients run_config
 3      fit
 4      flower_app
 5      backends
