@@ -75,8 +75,10 @@ class ScaffoldClient(ClientModule):
     with ``nesterov=True`` (:func:`~fedlightning.clients.sgd_steps.fednova_a`). Momentum carries
     the corrected gradient into the later steps, so the client moves ``a_i lr`` per unit of
     gradient, not ``K_i lr``: dividing by ``a_i`` keeps ``c_i+`` a weighted mean of the gradients
-    the client saw, while dividing by ``K_i`` would multiply the old ``c_i - c`` by
-    ``1 - a_i / K_i`` every round (-5.95 at momentum 0.9 with 28 steps: divergence). With weight
+    the client saw, while dividing by ``K_i`` would keep ``1 - a_i / K_i`` times the old
+    ``c_i - c`` in ``c_i+`` every round (-5.95 at momentum 0.9 with 28 steps: divergence). The
+    local movement ``lr a_i`` is also what SCAFFOLD's stable step size limits: with momentum rho
+    an lr about ``1 - rho`` times one stable without momentum moves as far. With weight
     decay ``wd``, ``c_i`` estimates the gradient of the L2-regularised loss ``CE + wd/2 ||w||^2``
     that SGD descends. ``lr``, momentum and Nesterov are read from the optimizer
     ``configure_optimizers`` builds (:func:`~fedlightning.clients.sgd_steps.sgd_rule`); what
