@@ -13,7 +13,7 @@ from torch import nn
 from fedlightning import FederatedDataModule, FederatedLoop, Payload, Upload
 from fedlightning.clients import ClientModule, ScaffoldClient
 from fedlightning.clients.scaffold import scaffold_control_update
-from fedlightning.clients.sgd_steps import fednova_a
+from fedlightning.clients.sgd_steps import SGDRule, fednova_a, sgd_rule
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import ClientFitter
 from fedlightning.protocol import ClientJob, FitConfig
@@ -153,6 +153,16 @@ class _Scheduled(ScaffoldClient):
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)]
 
 
+class _StepScheduled(ScaffoldClient):  # Lightning's dict form, as users write it
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+
 class _Dampened(ScaffoldClient):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9, dampening=0.1)
@@ -179,7 +189,8 @@ class _Partial(ScaffoldClient):
     [
         (_Scheduled, r"_Scheduled.configure_optimizers\(\) gives the LR scheduler StepLR"),
         (_Dampened, r"SGD with dampening=0.1.*use dampening=0"),
-        (_Adam, r"optimizer Adam.*use torch.optim.SGD"),
+        (_Adam, r"optimizers \['Adam'\].*use one torch.optim.SGD"),
+        (_StepScheduled, r"gives the LR scheduler StepLR.*step size must stay fixed"),
         (_TwoLearningRates, r"parameter groups with different \(lr, momentum, nesterov\)"),
         (_Partial, r"an optimizer without the trainable parameters \['network"),
     ],
@@ -188,6 +199,26 @@ def test_what_a_i_cannot_describe_is_refused_before_any_training(cls, match, tmp
     with pytest.raises(ConfigurationError, match=match):
         synthetic_run(cls(**SYNTHETIC), Scaffold(), tmp_path=tmp_path)
     assert not (tmp_path / "metrics.csv").exists() and not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda opt: opt,
+        lambda opt: [opt],
+        lambda opt: ([opt], []),
+        lambda opt: {"optimizer": opt},
+        lambda opt: {"optimizer": opt, "lr_scheduler": None},
+    ],
+)
+def test_the_sgd_settings_are_read_from_every_form_configure_optimizers_returns(form):
+    class Returned(ScaffoldClient):
+        def configure_optimizers(self):
+            sgd = torch.optim.SGD(self.parameters(), lr=0.3, momentum=0.8, nesterov=True)
+            return form(sgd)
+
+    assert sgd_rule(Returned(**SYNTHETIC), "test") == SGDRule(0.3, 0.8, True)
+    assert sgd_rule(ScaffoldClient(**SYNTHETIC, momentum=0.5), "test") == SGDRule(0.1, 0.5, False)
 
 
 class _GradientNorms(ScaffoldClient):

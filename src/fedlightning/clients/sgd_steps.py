@@ -10,13 +10,14 @@ them, the settings under which ``a lr`` is not the movement of a constant gradie
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler
 
 from fedlightning.errors import ConfigurationError
-from fedlightning.fit import split_optimizers
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
@@ -66,9 +67,19 @@ class SGDRule:
     momentum: float
     nesterov: bool
 
-    def effective_steps(self, num_steps: int) -> float:
-        """``a`` for a fit of ``num_steps`` optimizer steps (:func:`fednova_a`)."""
-        return fednova_a(num_steps, self.momentum, self.nesterov)
+
+def _found(returned: Any, kind: type) -> list[Any]:
+    """Every ``kind`` object in what ``configure_optimizers`` returned, in any of Lightning's forms
+    (an optimizer, lists, ``([optimizers], [schedulers])``, dicts and scheduler config dicts):
+    the forms themselves are checked where the fit reads them (:func:`fedlightning.fit.
+    split_optimizers`)."""
+    if isinstance(returned, kind):
+        return [returned]
+    if isinstance(returned, Mapping):
+        return [found for value in returned.values() for found in _found(value, kind)]
+    if isinstance(returned, list | tuple):
+        return [found for value in returned for found in _found(value, kind)]
+    return []
 
 
 def sgd_rule(objective: ClientModule, why: str) -> SGDRule:
@@ -79,19 +90,22 @@ def sgd_rule(objective: ClientModule, why: str) -> SGDRule:
     trainable parameter the optimizer does not step. ``why`` says what needs the rule (for the
     message). Weight decay is allowed: it is part of the gradient SGD feeds its momentum."""
     name = type(objective).__name__
-    optimizer, schedulers = split_optimizers(objective.configure_optimizers())
+    returned = objective.configure_optimizers()
+    optimizers = _found(returned, torch.optim.Optimizer)
+    schedulers = _found(returned, LRScheduler)
 
     def refuse(what: str, fix: str) -> None:
         raise ConfigurationError(
             f"{name}.configure_optimizers() gives {what}, but {why} (docs/algorithms.md 1.4): {fix}"
         )
 
-    if type(optimizer) is not torch.optim.SGD:
-        refuse(f"optimizer {type(optimizer).__name__}", "use torch.optim.SGD")
+    if len(optimizers) != 1 or type(optimizers[0]) is not torch.optim.SGD:
+        refuse(f"optimizers {[type(o).__name__ for o in optimizers]}", "use one torch.optim.SGD")
+    optimizer = optimizers[0]
     if schedulers:
-        kinds = ", ".join(type(s.scheduler).__name__ for s in schedulers)
+        names = ", ".join(type(s).__name__ for s in schedulers)
         refuse(
-            f"the LR scheduler {kinds}",
+            f"the LR scheduler {names}",
             "the step size must stay fixed during a client fit; drop the scheduler",
         )
     settings = set()
