@@ -11,7 +11,7 @@ import pytest
 
 MODULES = [
     "fedlightning.server.functional",
-    "fedlightning.clients.fednova",
+    "fedlightning.clients.sgd_steps",
     "fedlightning.data.partition",
     "fedlightning.data.val_split",
     "fedlightning.data.writers",

@@ -211,7 +211,14 @@ def test_default_inco_is_the_owner_mean_then_cross_layer_updates_bitwise():
     assert set(agg.configure_round(1, [0])[0].weights) == keys[0].keys
 
 
-@pytest.mark.parametrize("inner", [Scaffold, FedNova, lambda: FedAdam(server_lr=0.01)])
+@pytest.mark.parametrize(
+    "inner",
+    [
+        pytest.param(lambda: Scaffold(weighting="samples"), id="Scaffold"),  # default: uniform
+        FedNova,
+        lambda: FedAdam(server_lr=0.01),
+    ],
+)
 def test_inco_post_processes_any_inner_aggregators_update(inner):
     server, keys, uploads = _resnet_round(seed=1)
     plain, wrapped = inner(), InCo(inner=inner(), variant="paper")

@@ -40,7 +40,7 @@ def test_server_control_variate_moves_by_the_mean_over_all_clients():
 
 
 def test_scaffold_aggregator_averages_models_by_n_i_and_round_trips():
-    agg = Scaffold()
+    agg = Scaffold(weighting="samples")  # the default is Algorithm 1's uniform mean
     agg.setup({"w": torch.zeros(2), "steps": torch.tensor(0)}, num_clients=4)
     assert set(agg.c) == {"w"} and not agg.c["w"].any()
     payloads = agg.configure_round(0, [1, 3])
@@ -64,7 +64,7 @@ def test_scaffold_aggregator_averages_models_by_n_i_and_round_trips():
     agg.aggregate(0, uploads)
     assert torch.allclose(agg.global_state()["w"], torch.tensor([4.0, 5.0]))
     assert torch.allclose(agg.c["w"], torch.full((2,), 0.5))
-    clone = Scaffold()
+    clone = Scaffold(weighting="samples")
     clone.load_state_dict(agg.state_dict())
     assert torch.equal(clone.c["w"], agg.c["w"]) and torch.equal(
         clone.global_state()["w"], agg.global_state()["w"]
@@ -170,9 +170,11 @@ def test_scaffold_with_momentum_and_weight_decay_matches_a_hand_written_loop():
             buffer[k] = d if t == 0 else rho * buffer[k] + d
             w[k] = w[k] - lr * buffer[k]
     assert result.upload.num_steps == steps
+    # option II divides by the effective number of steps a = sum_t (1 - rho^t) / (1 - rho)
+    a = sum((1 - rho**t) / (1 - rho) for t in range(1, steps + 1))
     for k in w:
         assert torch.allclose(weights[k], w[k], atol=1e-6)
-        c_plus = c_i[k] - c[k] + (w0[k] - w[k]) / (steps * lr)
+        c_plus = c_i[k] - c[k] + (w0[k] - w[k]) / (a * lr)
         assert torch.allclose(state["c_i"][k], c_plus, atol=1e-5)
         assert torch.allclose(extras["delta_c"][k], c_plus - c_i[k], atol=1e-5)
 

@@ -7,32 +7,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from fedlightning.clients.base import ClientModule
+from fedlightning.clients.sgd_steps import fednova_a
 from fedlightning.compute import NO_SKIP_PRECISIONS
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import StateDict
-
-
-def fednova_a(tau: int, rho: float = 0.0) -> float:
-    """The normalising factor of ``tau`` local SGD steps with momentum ``rho``:
-    ``a = (tau - rho (1 - rho^tau) / (1 - rho)) / (1 - rho)``, i.e. ``sum_{t=1..tau} (1 - rho^t) /
-    (1 - rho)``, the total weight momentum gives the tau gradients; ``a = tau`` when ``rho = 0``.
-
-    >>> fednova_a(10)  # plain SGD: a = tau
-    10.0
-    >>> fednova_a(2, 0.5)  # (1 - 0.5) / 0.5 + (1 - 0.25) / 0.5
-    2.5
-    >>> round(fednova_a(10, 0.9), 4)  # momentum weighs the early gradients more than once
-    41.3811
-    >>> fednova_a(1, 0.9)  # one step: momentum has nothing to carry yet
-    1.0
-    """
-    if tau < 0:
-        raise ValueError(f"tau must be >= 0, got {tau}")
-    if not 0.0 <= rho < 1.0:
-        raise ValueError(f"rho must lie in [0, 1), got {rho}")
-    if rho == 0:
-        return float(tau)
-    return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
 
 
 class FedNovaClient(ClientModule):

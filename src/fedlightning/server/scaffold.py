@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+import torch
+
 from fedlightning.protocol import Payload, StateDict
 from fedlightning.server.base import restrict
 from fedlightning.server.fedavg import FedAvg
@@ -40,19 +42,23 @@ def scaffold_server_control(
 
 
 class Scaffold(FedAvg):
-    """The SCAFFOLD server (docs/algorithms.md section 1.4): ``x <- sum_i p_i y_i`` (the FedAvg
-    mean per key over its owners, i.e. global step size 1) and
+    """The SCAFFOLD server (docs/algorithms.md section 1.4): ``x <- sum_i p_i y_i`` (the mean per
+    key over its owners, i.e. global step size 1) and
     ``c_p <- c_p + (1/N_p) sum_{i in S} delta_c_{i,p}``, ``N_p`` the number of clients (sampled or
-    not) that own p (``N`` for homogeneous clients).
+    not) that own p (``N`` for homogeneous clients). ``p_i = 1/|S|`` by default, Algorithm 1's
+    uniform mean (``weighting="uniform"``); ``weighting="samples"`` weights the models by ``n_i``
+    like FedAvg. The control variate is always the uniform mean of the ``delta_c_i``.
 
     ``c`` (declared state) starts at zero for every floating entry of the model and is updated in
     the :meth:`server_update` hook from the round's uploads; each sampled client receives ``c``
     restricted to its keys as the payload extra ``"c"``. Clients only use (and report ``delta_c``
-    for) the trainable parameters, so the entries of ``c`` for float buffers stay zero. Pair with
+    for) the trainable parameters, so the entries of ``c`` for float buffers stay zero. Each
+    evaluated round logs ``c_norm``, the L2 norm of ``c`` (:meth:`round_metrics`). Pair with
     :class:`fedlightning.clients.ScaffoldClient`.
 
     Args:
-        weighting: ``samples`` (by n_i, the paper) or ``uniform`` for the model average.
+        weighting: ``uniform`` (Algorithm 1, the default) or ``samples`` (by n_i) for the model
+            average.
         within_groups: one model (and one ``c``) per client group; see :class:`FedAvg`.
     """
 
@@ -60,7 +66,7 @@ class Scaffold(FedAvg):
     required_upload_extras: frozenset[str] = frozenset({"delta_c"})
 
     def __init__(
-        self, weighting: Literal["samples", "uniform"] = "samples", within_groups: bool = False
+        self, weighting: Literal["samples", "uniform"] = "uniform", within_groups: bool = False
     ) -> None:
         super().__init__(weighting=weighting, within_groups=within_groups)
         self.c: StateDict = {}
@@ -83,3 +89,13 @@ class Scaffold(FedAvg):
             self.owners or self.num_clients,
         )
         return {}
+
+    def round_metrics(self) -> dict[str, float]:
+        """``c_norm``: the L2 norm of ``c`` over all its entries after the round. Each ``c_i`` is a
+        weighted mean of its client's gradients and ``c`` their mean (docs/algorithms.md 1.4), so
+        ``c_norm`` stays of the order of a gradient's norm; growth from round to round is a
+        diverging run."""
+        if not self.c:
+            return {}
+        squares = torch.stack([wide(v).pow(2).sum() for v in self.c.values()])
+        return {"c_norm": float(squares.sum().sqrt())}
