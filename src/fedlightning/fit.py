@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric import Fabric
@@ -111,7 +111,7 @@ class ClientFitter:
             num_steps = self._optimize(model, batches, lean=path == "lean")
         return fit_result(model, job, dm.client_num_samples(job.client_id), num_steps)
 
-    def path(self, model: ClientModule) -> str:
+    def path(self, model: ClientModule) -> Literal["trainer", "fabric", "lean"]:
         """How ``model``'s fits run: ``trainer`` (``fit_with='trainer'`` or
         :func:`trainer_reason`), ``fabric`` (a gradient scaler: ``16-mixed`` on a GPU, where
         Fabric's precision plugin scales, unscales and skips steps) or ``lean`` (``32-true`` and

@@ -251,17 +251,17 @@ class FederatedLoop:
     # -- the rounds -----------------------------------------------------------------------------
     def _run(self, model: ClientModule, dm: FederatedDataModule, run: RunState) -> dict[str, float]:
         open_run(self, model, dm, run)
-        self._writer = CheckpointWriter()
+        writer = CheckpointWriter()
         try:
-            metrics, unsaved, started = self._rounds(model, dm, run)
+            metrics, unsaved, started = self._rounds(model, dm, run, writer)
         except BaseException:  # the checkpoint in flight lands before the error goes up
-            self._writer.close(raise_error=False)
+            writer.close(raise_error=False)
             raise
-        self._writer.close()  # and before global.pt
+        writer.close()  # and before global.pt
         return self._finish(metrics, unsaved, started)
 
     def _rounds(
-        self, model: ClientModule, dm: FederatedDataModule, run: RunState
+        self, model: ClientModule, dm: FederatedDataModule, run: RunState, writer: CheckpointWriter
     ) -> tuple[dict[str, float], str | None, float]:
         """The rounds: the last evaluated metrics, why the final model must not be saved
         (``None``: it is finite) and when the rounds started."""
@@ -273,7 +273,7 @@ class FederatedLoop:
         with self.reporter.progress(self.rounds, start_round) as advance:
             for r in range(start_round, self.rounds):
                 round_start = time.perf_counter()
-                self._writer.poll()  # a failed background checkpoint write stops the run here
+                writer.poll()  # a failed background checkpoint write stops the run here
                 client_ids = sample_clients(self.seed, r, dm.num_clients, per_round)
                 payloads = self.aggregator.configure_round(r, client_ids)
                 jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
@@ -292,6 +292,7 @@ class FederatedLoop:
                 if len(uploads) >= self.min_clients:
                     guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
                 elif self.on_round_failure == "stop":
+                    writer.wait()  # the message names the checkpoint on disk
                     self._stop(r, len(uploads), per_round)
                 else:
                     log.warning(
@@ -330,7 +331,7 @@ class FederatedLoop:
                 else:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
-                    self._save_checkpoint(run, r + 1)
+                    self._save_checkpoint(run, r + 1, writer)
                 advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
         return metrics, guard.final_model_problem(self.aggregator.global_state()), started
 
@@ -352,7 +353,6 @@ class FederatedLoop:
         return metrics
 
     def _stop(self, r: int, succeeded: int, per_round: int) -> None:
-        self._writer.wait()  # the message names the checkpoint on disk
         checkpoint = self.run_dir / "last.ckpt"
         resume = f"; --ckpt_path {checkpoint} resumes" if checkpoint.is_file() else ""
         raise RunStopped(
@@ -361,7 +361,7 @@ class FederatedLoop:
         )
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _save_checkpoint(self, run: RunState, rounds_done: int) -> None:
+    def _save_checkpoint(self, run: RunState, rounds_done: int, writer: CheckpointWriter) -> None:
         checkpoint = make_checkpoint(
             rounds_done, run.identity, self.aggregator.state_dict(), self.store.state_dict(),
             self.history, {"wandb": self.reporter.wandb_id()},
@@ -373,7 +373,7 @@ class FederatedLoop:
             run.last_checkpoint = (rounds_done, str(path))
             self.store.commit(written=checkpoint["clients"])
 
-        self._writer.submit(checkpoint, path, written)
+        writer.submit(checkpoint, path, written)
 
     def _newest_checkpoint(self) -> tuple[int, str] | None:
         """``(rounds, path)`` of the checkpoint that resumes this run now: the file on disk is the
