@@ -4,7 +4,17 @@ Every table is measured in one run and prints ratios within that run (compare ra
 across runs). All paths train the same work: the same partition (IID, equal clients), the same
 clients per round (``fedlightning.loop.sampling.sample_clients``; Flower samples its own clients,
 the same number of equal-size ones), the same initial weights, the same batches (each client's
-shuffle seeded as the loop seeds it) and the same evaluation (global test accuracy every round).
+shuffle seeded as the loop seeds it), FedAvg weighted by samples and the same evaluation (global
+test accuracy and loss every round). ``max |w - w_seq|`` is the largest difference of each path's
+final model from the sequential loop's: 0 for the hand-written per-client loop (the same
+arithmetic), a float rounding for the vmapped paths.
+
+The paths run interleaved (sequential, cohort, by hand, vmap by hand, flower, sequential, ...):
+the first ``--warmup`` rounds of that cycle are dropped, then ``--repeats`` are timed. A path's
+``s/round`` is, per run, the mean time of its rounds after the first (the loop's through a
+Lightning ``Logger`` called at the end of every round, so its checkpoint and logging count),
+printed as the median over the repeats with the range in parentheses; the ratio columns are the
+median (range) of the per-repeat ratios, so a load change hits the runs of one repeat alike.
 
   paths:   sequential  FederatedLoop + SequentialBackend
            cohort      FederatedLoop + CohortBackend
@@ -13,15 +23,15 @@ shuffle seeded as the loop seeds it) and the same evaluation (global test accura
            flower      Flower's run_simulation (``make bench-peers``; skipped with a note if absent)
   floor:   3 x forward FLOPs of a round's training over the device's measured matmul rate, and each
            path's round time over it.
-  scaling: round time of sequential and cohort against clients per round and model width, with the
-           GPU memory peak per configuration on CUDA.
+  scaling: round time of sequential and cohort against clients per round and model width
+           (interleaved the same way), with the GPU memory peak per configuration on CUDA.
 
 Workloads (``--workload``): ``quickstart`` (the quickstart's CNN, 1x8x8 inputs) and ``fedcross``
 (the FedCross paper's CNN setup: the FedAvg CNN on synthetic CIFAR-shaped 3x32x32 data). Defaults
 are the paper setup: 100 clients, 10 per round, 500 samples each, batch 50, 5 epochs, SGD lr 0.01,
 momentum 0.5; ``--quick`` shrinks it for a CPU.
 
-    python benchmarks/cohort.py --quick                    # CPU, reduced size, a few minutes
+    python benchmarks/cohort.py --quick --threads 1        # CPU, reduced size
     python benchmarks/cohort.py --accelerator cuda --precision bf16-mixed --rounds 5
 """
 
@@ -31,6 +41,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,7 +58,10 @@ from fedlightning.backends import CohortBackend, SequentialBackend
 from fedlightning.clients import ClientModule
 from fedlightning.loop.sampling import sample_clients
 from fedlightning.seeding import derive_seed
-from overhead import forward_flops_per_sample, matmul_rate
+from fedlightning.server import FedAvg
+from fedlightning.training import cpu_compute
+from overhead import RoundClock, average_on_device, forward_flops_per_sample, matmul_rate
+from startup import spread
 
 SHAPES = {"quickstart": (1, 8), "fedcross": (3, 32)}
 AUTOCAST = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -71,16 +85,20 @@ def make(args, workload: str, width: int = 32, seed: int = 0):
 
 
 def run_loop(args, workload, backend, per_round=None, width=32):
+    """``(s/round, final test_acc, final model)`` of one FederatedLoop run."""
     dm, model = make(args, workload, width)
+    marks = RoundClock(args.accelerator)
     with tempfile.TemporaryDirectory() as run_dir:
         loop = FederatedLoop(
             rounds=args.rounds, clients_per_round=per_round or args.per_round,
-            local_epochs=args.epochs, backend=backend, accelerator=args.accelerator,
-            precision=args.precision, run_dir=run_dir, progress_bar=False, plots=False,
-            checkpoint_every=args.rounds,
+            local_epochs=args.epochs, aggregator=FedAvg(weighting="samples"), backend=backend,
+            accelerator=args.accelerator, precision=args.precision, run_dir=run_dir,
+            progress_bar=False, plots=False, loggers=[marks],
         )  # fmt: skip
+        loop.console.quiet = True
         loop.fit(model, datamodule=dm)
-    seconds = warm([m["round_time_s"] for m in loop.history])
+    periods = [b - a for a, b in zip(marks.marks, marks.marks[1:], strict=False)]
+    seconds = sum(periods) / len(periods) if periods else float("nan")
     return seconds, loop.history[-1]["test_acc"], loop.aggregator.global_state()
 
 
@@ -91,17 +109,27 @@ def warm(times: list[float]) -> float:
 
 
 def evaluate(net, params, dm, device) -> float:
+    """The test accuracy of ``net`` with ``params`` (and its mean loss, as the loop computes it)."""
     correct = count = 0
+    loss = torch.zeros((), device=device)
     with torch.no_grad():
         for x, y in dm.test_dataloader():
             out = functional_call(net, params, (x.to(device),))
             correct += int((out.argmax(1) == y.to(device)).sum())
+            loss += torch.nn.functional.cross_entropy(out.float(), y.to(device), reduction="sum")
             count += len(y)
+    float(loss)
     return correct / count
 
 
 def by_hand(args, workload, vectorized: bool):
-    """FedAvg written by hand: per client (SGD with momentum) or all clients in one vmap."""
+    """FedAvg written by hand: per client (SGD with momentum) or all clients in one vmap; with
+    torch's native CPU convolutions, as the loop's default (``loop.onednn``)."""
+    with cpu_compute(None, onednn=False):
+        return _by_hand(args, workload, vectorized)
+
+
+def _by_hand(args, workload, vectorized: bool):
     device = torch.device(args.accelerator)
     dm, model = make(args, workload)
     net = model.network.to(device).train()
@@ -136,7 +164,7 @@ def by_hand(args, workload, vectorized: bool):
                             params[n].sub_(args.lr * bufs[n])
             new = {n: params[n].double().mean(0).float() for n in names}
         else:
-            total = {n: torch.zeros_like(weights[n], dtype=torch.float64) for n in names}
+            uploads = []
             for loader in loaders:
                 net.load_state_dict(weights)
                 opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
@@ -149,9 +177,9 @@ def by_hand(args, workload, vectorized: bool):
                             out = net(x.to(device))
                         torch.nn.functional.cross_entropy(out.float(), y.to(device)).backward()
                         opt.step()
-                for n, p in net.named_parameters():
-                    total[n] += p.detach().double()
-            new = {n: (total[n] / len(ids)).float() for n in names}
+                uploads.append({n: p.detach().clone() for n, p in net.named_parameters()})
+            # FedAvg as the loop's server computes it (float64, client order): the same bits
+            new = average_on_device(uploads, [len(loader.y) for loader in loaders])
         weights.update(new)
         accuracy = evaluate(net.eval(), weights, dm, device)
         net.train()
@@ -185,63 +213,85 @@ def paths_table(args, workload, rate, console):
     x = next(iter(dm.client_train_dataloader(0, 0)))[0]
     flops = 3 * forward_flops_per_sample(model.network, x) * args.samples * args.epochs
     floor = flops * args.per_round / rate
-    rows = {}
-    rows["sequential"] = run_loop(args, workload, SequentialBackend())
-    rows["cohort"] = run_loop(args, workload, CohortBackend())
-    rows["by hand"] = by_hand(args, workload, vectorized=False)
-    rows["vmap by hand"] = by_hand(args, workload, vectorized=True)
-    result, note = flower(args, workload) if args.flower else (None, "skipped (--no-flower)")
-    if result:
-        rows["flower"] = (result["round_s"], result["test_acc"], None)
+    paths = {
+        "sequential": lambda: run_loop(args, workload, SequentialBackend()),
+        "cohort": lambda: run_loop(args, workload, CohortBackend()),
+        "by hand": lambda: by_hand(args, workload, vectorized=False),
+        "vmap by hand": lambda: by_hand(args, workload, vectorized=True),
+    }
+    note = "skipped (--no-flower)"
+    if args.flower and not Path(args.peers_python).exists():
+        note = "skipped: no Flower environment (make bench-peers)"
+    elif args.flower:
+        note = ""
+        paths["flower"] = lambda: _flower_row(args, workload)
+    runs: dict[str, list] = {name: [] for name in paths}
+    for index in range(args.warmup + args.repeats):  # interleaved: every path once per cycle
+        for name, run in paths.items():
+            row = run()
+            if index >= args.warmup:
+                runs[name].append(row)
     table = Table(
         title=f"{workload}: {args.clients} clients, {args.per_round}/round, {args.samples} samples, "
         f"batch {args.batch}, {args.epochs} epochs, {args.rounds} rounds; {device_name(args.accelerator)}, "
-        f"{args.precision}",
+        f"{args.precision}; interleaved, median (range) of {args.repeats} after {args.warmup} warm-up",
         caption=f"floor {floor * 1e3:.1f} ms/round ({flops * args.per_round / 1e9:.2f} GFLOP at "
         f"{rate / 1e12:.3f} TFLOP/s){'; flower ' + note if note else ''}",
     )
     for column in ("path", "s/round", "vs sequential", "vs cohort", "vs vmap by hand",
                    "round/floor", "test_acc", "max |w - w_seq|"):  # fmt: skip
-        table.add_column(column, justify="right")
-    seq, coh, vh = rows["sequential"][0], rows["cohort"][0], rows["vmap by hand"][0]
-    for name, (seconds, acc, weights) in rows.items():
-        diff = "-" if weights is None else f"{gap(weights, rows['sequential'][2]):.1e}"
-        table.add_row(name, f"{seconds:.3f}", f"{seconds / seq:.2f}x", f"{seconds / coh:.2f}x",
-                      f"{seconds / vh:.2f}x", f"{seconds / floor:.1f}", f"{acc:.4f}", diff)  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+    sequential = runs["sequential"]
+    for name, rows in runs.items():
+        seconds = [row[0] for row in rows]
+        weights = rows[0][2]
+        diff = "-" if weights is None else f"{gap(weights, sequential[0][2]):.1e}"
+        table.add_row(
+            name, spread(seconds, 3), _ratios(seconds, runs["sequential"]),
+            _ratios(seconds, runs["cohort"]), _ratios(seconds, runs["vmap by hand"]),
+            f"{statistics.median(seconds) / floor:.1f}", f"{rows[0][1]:.4f}", diff,
+        )  # fmt: skip
     console.print(table)
+
+
+def _ratios(seconds: list[float], others: list[tuple]) -> str:
+    """``median (range)`` of the per-repeat ratios of ``seconds`` to another path's times."""
+    return spread([a / b[0] for a, b in zip(seconds, others, strict=True)])
+
+
+def _flower_row(args, workload):
+    result, note = flower(args, workload)
+    if result is None:
+        raise SystemExit(f"flower {note}")
+    return result["round_s"], result["test_acc"], None
 
 
 def scaling_table(args, console):
     table = Table(
-        title=f"fedcross CNN: round time vs clients per round and width ({device_name(args.accelerator)}, {args.precision})"
+        title=f"fedcross CNN: round time vs clients per round and width ({device_name(args.accelerator)}, "
+        f"{args.precision}); interleaved, median of {args.repeats} after {args.warmup} warm-up"
     )
-    for column in (
-        "clients/round",
-        "width",
-        "sequential s",
-        "cohort s",
-        "cohort speed-up",
-        "peak GPU MiB seq/coh",
-    ):
-        table.add_column(column, justify="right")
+    for column in ("clients/round", "width", "sequential s", "cohort s", "cohort speed-up",
+                   "peak GPU MiB seq/coh"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
     for per_round in args.scale_clients:
         for width in args.scale_widths:
-            times, peaks = [], []
-            for backend in (SequentialBackend(), CohortBackend()):
-                if args.accelerator == "cuda":
-                    torch.cuda.reset_peak_memory_stats()
-                local = argparse.Namespace(
-                    **{**vars(args), "clients": max(args.clients, per_round)}
-                )
-                times.append(run_loop(local, "fedcross", backend, per_round, width)[0])
-                peaks.append(
-                    torch.cuda.max_memory_allocated() / 2**20
-                    if args.accelerator == "cuda"
-                    else None
-                )
+            local = argparse.Namespace(**{**vars(args), "clients": max(args.clients, per_round)})
+            times: list[list[float]] = [[], []]
+            peaks: list[float | None] = [None, None]
+            for index in range(args.warmup + args.repeats):
+                for side, backend in enumerate((SequentialBackend(), CohortBackend())):
+                    if args.accelerator == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    seconds = run_loop(local, "fedcross", backend, per_round, width)[0]
+                    if args.accelerator == "cuda":
+                        peaks[side] = torch.cuda.max_memory_allocated() / 2**20
+                    if index >= args.warmup:
+                        times[side].append(seconds)
             peak = "-" if peaks[0] is None else f"{peaks[0]:.0f}/{peaks[1]:.0f}"
-            table.add_row(str(per_round), str(width), f"{times[0]:.3f}", f"{times[1]:.3f}",
-                          f"{times[0] / times[1]:.2f}x", peak)  # fmt: skip
+            speedups = [a / b for a, b in zip(times[0], times[1], strict=True)]
+            table.add_row(str(per_round), str(width), spread(times[0], 3), spread(times[1], 3),
+                          f"{spread(speedups)}x", peak)  # fmt: skip
     console.print(table)
 
 
@@ -260,6 +310,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="timed cycles over the paths")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed cycles first")
     parser.add_argument("--test", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--momentum", type=float, default=0.5)
@@ -283,6 +335,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("fedlightning").setLevel(logging.ERROR)
     console = Console(width=150)
     device = torch.device(args.accelerator)
     rate = matmul_rate(

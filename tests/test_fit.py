@@ -195,3 +195,91 @@ def test_16_mixed_fabric_fit_matches_a_cuda_trainer_fit(tmp_path):
     )
     assert fabric_steps == trainer_steps
     _assert_bitwise(fabric_state, trainer_state)
+
+
+class PlateauScheduled(ClientModule):
+    """SGD with momentum and a ReduceLROnPlateau on the epoch's mean train_loss."""
+
+    def configure_optimizers(self):
+        optimizer = super().configure_optimizers()
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "train_loss"}}  # fmt: skip
+
+
+BN_NET = dict(network="resnet14", network_kwargs={"width": 4, "stem": "small"}, num_classes=3,
+              in_channels=3, image_size=8, lr=0.05, momentum=0.9)  # fmt: skip
+
+#: (objective, fit options): every scheduler form, both clipping algorithms, bf16 autocast, a
+#: BatchNorm ResNet with momentum
+LEAN_CASES = {
+    "step_scheduler": (lambda: StepScheduled(**SYNTHETIC, momentum=0.5), dict(local_epochs=2)),
+    "epoch_scheduler_adam": (lambda: EpochScheduled(**SYNTHETIC), dict(local_epochs=3)),
+    "plateau": (lambda: PlateauScheduled(**SYNTHETIC, momentum=0.5), dict(local_steps=9)),
+    "clip_norm": (lambda: ClientModule(**SYNTHETIC, momentum=0.9), dict(local_epochs=2, gradient_clip_val=0.05)),
+    "clip_value_bf16": (lambda: FedProx(mu=0.1, **SYNTHETIC), dict(local_steps=7, gradient_clip_val=0.01, gradient_clip_algorithm="value", precision="bf16-mixed")),
+    "bn_resnet_bf16": (lambda: ClientModule(**BN_NET), dict(local_epochs=2, precision="bf16-mixed")),
+    "bn_resnet": (lambda: ClientModule(**BN_NET, weight_decay=1e-3), dict(local_steps=5)),
+}  # fmt: skip
+
+
+def _chained_fits(name, lean):
+    """Three rounds of two clients, each round starting from the previous round's last upload:
+    every upload's weights, step count and train_loss."""
+    from fedlightning import FederatedDataModule
+    from fedlightning.fit import ClientFitter
+    from fedlightning.protocol import ClientJob, FitConfig, Payload
+
+    make_model, options = LEAN_CASES[name]
+    shape = (3, 8, 8) if "resnet" in name else (6,)
+    dm = FederatedDataModule(
+        dataset="synthetic", num_samples=240, num_test=30, num_classes=3, sample_shape=shape,
+        num_clients=4, partition="iid", batch_size=16,
+    )  # fmt: skip
+    dm.setup()
+    torch.manual_seed(0)
+    model = make_model()
+    fitter = ClientFitter(FitConfig(accelerator="cpu", **options), lean=lean)
+    assert fitter.path(model) == ("lean" if lean else "fabric")
+    weights = {k: v.clone() for k, v in model.network.state_dict().items()}
+    uploads = []
+    for round_index in range(3):
+        for client in (round_index, round_index + 1):
+            job = ClientJob(round_index, client, Payload(weights=weights), {})
+            upload = fitter.fit(model, dm, job).upload
+            uploads.append((upload.weights, upload.num_steps, upload.metrics["train_loss"]))
+        weights = upload.weights
+    return uploads
+
+
+@pytest.mark.parametrize("name", sorted(LEAN_CASES))
+def test_the_lean_fit_is_bitwise_the_fabric_fit(name):
+    lean, fabric = _chained_fits(name, lean=True), _chained_fits(name, lean=False)
+    assert len(lean) == len(fabric) == 6
+    for (lean_weights, lean_steps, lean_loss), (fab_weights, fab_steps, fab_loss) in zip(
+        lean, fabric, strict=True
+    ):
+        assert lean_steps == fab_steps > 0 and lean_loss == fab_loss
+        _assert_bitwise(lean_weights, fab_weights)
+    first, last = lean[0][0], lean[-1][0]
+    assert any(not torch.equal(first[k], last[k]) for k in first)  # the fits trained
+
+
+def test_16_mixed_keeps_fabric_and_a_trainer_keeps_the_trainer():
+    from fedlightning.fit import ClientFitter
+    from fedlightning.protocol import FitConfig
+
+    fitter = ClientFitter(FitConfig(accelerator="cpu"))
+    assert fitter.path(ClientModule(**SYNTHETIC)) == "lean"
+    assert fitter.path(FML(**SYNTHETIC)) == "lean"
+    trainer = ClientFitter(FitConfig(accelerator="cpu", fit_with="trainer"))
+    assert trainer.path(ClientModule(**SYNTHETIC)) == "trainer"
+    # on a CPU, 16-mixed runs as bf16-mixed (no scaler): lean; on a GPU its scaler needs Fabric
+    assert (
+        ClientFitter(FitConfig(accelerator="cpu", precision="16-mixed")).path(
+            ClientModule(**SYNTHETIC)
+        )
+        == "lean"
+    )
+    if torch.cuda.is_available():
+        scaled = ClientFitter(FitConfig(accelerator="cuda", precision="16-mixed"))
+        assert scaled.path(ClientModule(**SYNTHETIC)) == "fabric"

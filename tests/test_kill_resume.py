@@ -59,3 +59,56 @@ def test_sigkill_always_leaves_a_resumable_checkpoint(cli, tmp_path):
     assert (run_dir / "global.pt").read_bytes() == (
         tmp_path / "straight" / "global.pt"
     ).read_bytes()
+
+
+def test_sigkill_during_a_background_checkpoint_write_leaves_a_resumable_checkpoint(cli, tmp_path):
+    """The checkpoint is written by a background thread while the next round trains: a kill while
+    a write is in flight (its temporary file exists) leaves the previous last.ckpt, whole, with
+    every client state file it names (SCAFFOLD's c_i on disk: the next round has replaced some),
+    and the resume is bitwise the uninterrupted run. A wider MLP makes each write take longer."""
+    run = ("--model.class_path", "fedlightning.clients.ScaffoldClient",
+           "--model.init_args.network_kwargs", "{hidden: [512, 512]}",
+           "--loop.aggregator.class_path", "fedlightning.server.Scaffold",
+           "--loop.client_state", "disk")  # fmt: skip
+    run_dir = tmp_path / "killed"
+    checkpoint = run_dir / "last.ckpt"
+    hit = False
+    for _ in range(8):  # a write is in flight for some ms per round: retried if missed
+        resume = ["--ckpt_path", str(checkpoint)] if checkpoint.exists() else []
+        process = _start(run_dir, *run, *resume)
+        seen = int(torch.load(checkpoint, weights_only=True)["round"]) if resume else 0
+        _kill_during_a_write(process, run_dir, checkpoint, after_round=seen)
+        hit = any(run_dir.glob(".last.ckpt.tmp-*"))  # the kill cut a write short
+        if hit:
+            break
+    assert hit, "no kill landed while a checkpoint write was in flight"
+    state = torch.load(checkpoint, weights_only=True)  # the previous checkpoint, whole
+    assert all(
+        (run_dir / "client_state" / name).is_file() for name in state["clients"]["files"].values()
+    )
+    final = int(state["round"]) + 2
+    cli(run_dir, *run, "--loop.rounds", str(final), "--ckpt_path", str(checkpoint))
+    assert not any(run_dir.glob(".last.ckpt.tmp-*"))  # the resume removed the torn temporary
+    cli(tmp_path / "straight", *run, "--loop.rounds", str(final))
+    assert (run_dir / "global.pt").read_bytes() == (
+        tmp_path / "straight" / "global.pt"
+    ).read_bytes()
+
+
+def _kill_during_a_write(
+    process: subprocess.Popen, run_dir: Path, checkpoint: Path, after_round: int
+) -> None:
+    """SIGKILL ``process`` as soon as a checkpoint write after round ``after_round`` is in flight."""
+    deadline = time.monotonic() + 120
+    ready = False  # a checkpoint newer than the one this attempt resumed from is on disk
+    while time.monotonic() < deadline and process.poll() is None:
+        if not ready and checkpoint.exists():
+            try:
+                ready = torch.load(checkpoint, weights_only=True)["round"] > after_round
+            except Exception:  # being replaced right now: the next look sees the new file
+                pass
+        if ready and any(run_dir.glob(".last.ckpt.tmp-*")):
+            break
+        time.sleep(0.001)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()

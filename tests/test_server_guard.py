@@ -136,3 +136,25 @@ def test_a_non_finite_final_global_model_is_not_saved_and_fails_the_run(tmp_path
     with pytest.raises(RunStopped, match=message + r"/Inf\), so it is not saved as global.pt"):
         synthetic_run(ClientModule(**SYNTHETIC), NaNGlobal(), 1, tmp_path, plots=False)
     assert not (tmp_path / "global.pt").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_fused_finite_check_finds_every_nan_and_inf_and_refuses_no_finite_value(dtype):
+    from fedlightning.loop.failures import all_finite
+
+    big = torch.finfo(dtype).max
+    # finite values whose sum overflows the dtype (and float32): still finite, never refused
+    assert all_finite({"a": torch.full((4, 3), big, dtype=dtype), "b": torch.ones(5)})
+    assert all_finite({"a": torch.tensor([big, big, -big], dtype=dtype), "n": torch.tensor([3])})
+    for bad in (NAN, math.inf, -math.inf):
+        for position in (0, 7, 99):
+            values = torch.randn(100).to(dtype)
+            values[position] = bad
+            state = {"w": torch.zeros(3, dtype=dtype), "x": values, "y": torch.ones(2)}
+            assert not all_finite(state)
+            assert non_finite_entry(state) == "x"
+    # +Inf and -Inf in different tensors of one dtype (their sum is NaN, not 0)
+    assert not all_finite(
+        [torch.tensor([math.inf], dtype=dtype), torch.tensor([-math.inf], dtype=dtype)]
+    )
+    assert not all_finite({"w": torch.ones(2), "scale": math.inf})

@@ -1,4 +1,6 @@
-"""benchmarks/startup.py runs as the README shows it (one short repeat) and prints its table."""
+"""The benchmarks that compare fedlightning with hand-written loops run as the README shows them
+(one short repeat) and print their interleaved tables: medians with their range, and the largest
+difference between the final models, which is 0 (both sides do the same work)."""
 
 import re
 import subprocess
@@ -8,31 +10,56 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
+#: a cell ``median (min-max)``
+SPREAD = r"([\d.]+) \(([\d.]+)-([\d.]+)\)"
 
 
-@pytest.mark.slow  # three fresh processes with Lightning's imports
-def test_startup_benchmark_prints_ratios():
+def _run(*args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "benchmarks/startup.py", "--rounds", "1", "--repeats", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    ratio = re.search(r"ratio\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)", done.stdout)
-    assert ratio, done.stdout
-    assert all(float(value) > 0 for value in ratio.groups())
-    assert "only imports fedlightning.cli" in done.stdout
+    return done.stdout
 
 
-@pytest.mark.slow  # the in-process cases, then two fresh processes
-def test_overhead_benchmark_prints_whole_process_and_rounds_only_columns():
-    done = subprocess.run(
-        [sys.executable, "benchmarks/overhead.py", "--case", "tiny", "--rounds", "1",
-         "--repeats", "1", "--threads", "1", "--process-rounds", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+def _process_table(out: str) -> None:
+    """startup.py's table: every column of the ratio row a positive median (range), the same
+    final model on both sides, and the import lines."""
+    header = re.search(r"┃\s*whole s\s*┃\s*rounds s\s*┃\s*outside s\s*┃", out)
+    assert header, out
+    ratio = re.search(rf"ratio\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│", out)
+    assert ratio and all(float(value) > 0 for value in ratio.groups()), out
+    assert "max |w_fedlightning - w_hand| of the final models: 0.0e+00" in out, out
+    assert "only runs `import fedlightning.cli`" in out
+    assert re.search(r"modules only fedlightning's process imports: [\d.]+ s", out), out
+
+
+@pytest.mark.slow  # six fresh processes with Lightning's imports
+def test_startup_benchmark_prints_interleaved_ratios_of_the_same_work():
+    _process_table(
+        _run("benchmarks/startup.py", "--rounds", "1", "--repeats", "1", "--warmup", "0")
+    )
+
+
+@pytest.mark.slow  # the in-process tiny case, then two fresh processes
+def test_overhead_benchmark_prints_rounds_whole_process_and_the_same_weights():
+    out = _run(
+        "benchmarks/overhead.py", "--case", "tiny", "--rounds", "3", "--repeats", "1",
+        "--warmup", "0", "--threads", "1", "--process-rounds", "1",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "FederatedLoop vs hand-written PyTorch" in done.stdout
-    header = re.search(r"┃\s*whole s\s*┃\s*rounds s\s*┃\s*outside s\s*┃", done.stdout)
-    assert header, done.stdout
-    ratio = re.search(r"ratio\s*│\s*([\d.]+)\s*│\s*([\d.]+)\s*│\s*([\d.]+)", done.stdout)
-    assert ratio and all(float(value) > 0 for value in ratio.groups()), done.stdout
+    assert "FederatedLoop vs hand-written PyTorch" in out
+    row = re.search(rf"tiny\s*│\s*3\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│", out)
+    assert row and all(float(value) > 0 for value in row.groups()), out
+    assert re.search(r"tiny\s*│.*│\s*0\.0e\+00\s*│", out), out  # the loop's weights, bit for bit
+    _process_table(out)
+
+
+@pytest.mark.slow  # four paths, two of them through the loop
+def test_cohort_benchmark_prints_interleaved_paths_and_the_hand_loop_matches_sequential():
+    out = _run(
+        "benchmarks/cohort.py", "--quick", "--threads", "1", "--repeats", "1", "--warmup", "0",
+        "--workload", "quickstart", "--tables", "paths", "--no-flower",
+    )  # fmt: skip
+    for path in ("sequential", "cohort", "by hand", "vmap by hand"):
+        assert re.search(rf"{path}\s*│\s*{SPREAD}\s*│", out), out
+    assert re.search(r"│\s*by hand\s*│.*│\s*0\.0e\+00\s*│", out), out  # the same arithmetic

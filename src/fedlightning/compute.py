@@ -4,15 +4,19 @@ The precisions ``loop.precision`` accepts, and which path runs each (the one tab
 reads: :func:`fedlightning.fit.trainer_reason`, the cohort backend's ``check``, the objectives'
 ``supported_precisions`` through :data:`NO_SKIP_PRECISIONS`):
 
-==========  ==========  ======  =========================  ===================================
-precision   Fabric fit  cohort  optimizer steps may skip   autocast
-==========  ==========  ======  =========================  ===================================
-32-true     yes         yes     no                         none (``32`` is Lightning's alias)
-bf16-mixed  yes         yes     no                         bfloat16
-16-mixed    yes         yes     yes (the gradient scaler)  float16; on a CPU Lightning runs
-                                                           ``bf16-mixed`` instead, and so do we
-64-true     no:Trainer  no      no                         none (float64 weights)
-==========  ==========  ======  =========================  ===================================
+==========  ===========  ======  =========================  ===================================
+precision   fit loop     cohort  optimizer steps may skip   autocast
+==========  ===========  ======  =========================  ===================================
+32-true     lean         yes     no                         none (``32`` is Lightning's alias)
+bf16-mixed  lean         yes     no                         bfloat16
+16-mixed    Fabric       yes     yes (the gradient scaler)  float16; on a CPU Lightning runs
+                                                            ``bf16-mixed`` instead, and so do we
+64-true     no: Trainer  no      no                         none (float64 weights)
+==========  ===========  ======  =========================  ===================================
+
+The fit loop (:class:`fedlightning.fit.ClientFitter`) runs ``lean`` (plain torch per step, the
+autocast above made once per fit by the run's Fabric) where no gradient scaler steps, and on
+Fabric's per-step wrappers where one does.
 
 :meth:`Compute.resolve` builds the run's one Fabric for ``(accelerator, precision)`` and reads
 from it the device (``auto`` is the GPU when there is one) and the precision the fits run. The
@@ -36,7 +40,7 @@ from lightning.fabric import Fabric
 class PrecisionPaths(NamedTuple):
     """Which paths run one precision (a row of the module docstring's table)."""
 
-    fabric: bool  #: the Fabric fit runs it (otherwise a Lightning Trainer fits)
+    fabric: bool  #: the fit loop runs it, lean or on Fabric (otherwise a Lightning Trainer fits)
     cohort: bool  #: the cohort backend vectorizes it
     skips_steps: bool  #: a gradient scaler may skip an optimizer step (non-finite gradients)
     autocast: torch.dtype | None  #: the dtype forward passes autocast to (None: no autocast)

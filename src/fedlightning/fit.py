@@ -5,24 +5,32 @@ The sequential backend, every Ray actor and every Flower node keep one ClientFit
 the objective's own ``local_loss`` over clients, :mod:`fedlightning.backends.cohort`).
 
 A client objective states its local objective as :meth:`ClientModule.local_loss`; the fit runs it
-on Lightning Fabric (precision and gradient scaler, optimizer and LR schedulers in any form
+in Lightning's automatic-optimization order (precision, optimizer and LR schedulers in any form
 ``configure_optimizers`` documents, gradient clipping), or on a lean Lightning Trainer when the
-objective needs one (manual optimization, overridden training hooks, a precision Fabric's loop
-here does not cover): :func:`trainer_reason` says which, and why. Device and precision come from
-the run's :class:`~fedlightning.compute.Compute`, resolved once.
+objective needs one (manual optimization, overridden training hooks, a precision this loop does not
+cover): :func:`trainer_reason` says which, and why. The loop runs lean for the common case
+(``32-true`` and ``bf16-mixed``: plain torch per step, the precision's autocast set up once per fit
+by the run's Fabric, data already on the device left there) and on Fabric's per-step wrappers where
+the precision needs them (``16-mixed``'s gradient scaler): :meth:`ClientFitter.path`. Both are the
+same arithmetic, bit for bit. Device and precision come from the run's
+:class:`~fedlightning.compute.Compute`, resolved once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric import Fabric
+from torch import Tensor
 
-from fedlightning.compute import FABRIC_PRECISIONS, Compute, canonical
-from fedlightning.errors import ConfigurationError
+from fedlightning.compute import FABRIC_PRECISIONS, PRECISION_PATHS, Compute, canonical
+from fedlightning.optim_config import split_optimizers, step_schedulers
+from fedlightning.placement import move
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
 from fedlightning.seeding import derive_seed, seed_fit
 from fedlightning.training import lean_trainer
@@ -44,7 +52,7 @@ TRAINER_HOOKS = (
 
 
 def trainer_reason(model: ClientModule, precision: str) -> str | None:
-    """Why ``model`` needs a Lightning Trainer for its fits (``None``: Fabric fits it)."""
+    """Why ``model`` needs a Lightning Trainer for its fits (``None``: the fit loop here fits it)."""
     from fedlightning.clients.base import ClientModule
 
     if canonical(precision) not in FABRIC_PRECISIONS:
@@ -59,85 +67,29 @@ def trainer_reason(model: ClientModule, precision: str) -> str | None:
     return None
 
 
-@dataclass
-class SchedulerConfig:
-    """One LR scheduler as Lightning's ``lr_scheduler_config`` describes it."""
-
-    scheduler: Any
-    interval: str = "epoch"
-    frequency: int = 1
-    monitor: str | None = None
-
-
-def split_optimizers(
-    returned: Any, name: str = "configure_optimizers"
-) -> tuple[torch.optim.Optimizer, list[SchedulerConfig]]:
-    """The optimizer and LR schedulers from what ``configure_optimizers`` returned, in any of
-    Lightning's documented forms: an optimizer; a list/tuple of one optimizer; two lists
-    ``([optimizer], [scheduler or config])``; a dict ``{"optimizer": ..., "lr_scheduler":
-    scheduler or {"scheduler": ..., "interval": "epoch"|"step", "frequency": n, "monitor": ...}}``.
-
-    Automatic optimization trains with one optimizer (Lightning's rule too): several are refused.
-    """
-    optimizers: list[Any]
-    schedulers: list[Any] = []
-    if isinstance(returned, torch.optim.Optimizer):
-        optimizers = [returned]
-    elif isinstance(returned, Mapping):
-        optimizers = [returned.get("optimizer")]
-        if returned.get("lr_scheduler") is not None:
-            schedulers = [returned["lr_scheduler"]]
-    elif (
-        isinstance(returned, Sequence)
-        and len(returned) == 2
-        and all(isinstance(part, Sequence) for part in returned)
-    ):
-        optimizers, schedulers = list(returned[0]), list(returned[1])
-    elif isinstance(returned, Sequence) and not isinstance(returned, str | bytes):
-        optimizers = list(returned)
-    else:
-        raise ConfigurationError(
-            f"{name}() returned {type(returned).__name__}: return an optimizer, a list of one, "
-            "([optimizer], [scheduler]) or {'optimizer': ..., 'lr_scheduler': ...}"
-        )
-    if len(optimizers) != 1 or not isinstance(optimizers[0], torch.optim.Optimizer):
-        raise ConfigurationError(
-            f"{name}() must give exactly one torch optimizer for automatic optimization, got "
-            f"{[type(o).__name__ for o in optimizers]}: use manual optimization for several"
-        )
-    configs = []
-    for entry in schedulers:
-        config = SchedulerConfig(**entry) if isinstance(entry, Mapping) else SchedulerConfig(entry)
-        if config.interval not in ("epoch", "step") or config.frequency < 1:
-            raise ConfigurationError(
-                f"lr_scheduler interval={config.interval!r}, frequency={config.frequency!r}: "
-                "expected interval 'epoch' or 'step' and an integer frequency >= 1"
-            )
-        if config.monitor not in (None, "train_loss"):
-            raise ConfigurationError(
-                f"lr_scheduler monitor={config.monitor!r}: a client fit provides 'train_loss' only"
-            )
-        configs.append(config)
-    return optimizers[0], configs
-
-
 class ClientFitter:
-    """Fits clients of one run on one device: Fabric's precision, optimizers and clipping, or a
-    lean Trainer for objectives that need one (:func:`trainer_reason`).
+    """Fits clients of one run on one device: the automatic-optimization loop (lean or on Fabric,
+    :meth:`path`), or a lean Trainer for objectives that need one (:func:`trainer_reason`).
 
     Args:
         config: how every fit of the run is done.
         compute: the run's resolved device and precision (the loop's, for an in-process backend);
             ``None``: resolved here from ``config``, once (a Ray actor's or a Flower node's own).
+        lean: fit the common case (:meth:`path`) in plain torch; ``False`` runs those fits on
+            Fabric's wrappers instead (the same bits: the reference the lean path is tested
+            against).
     """
 
-    def __init__(self, config: FitConfig, compute: Compute | None = None) -> None:
+    def __init__(
+        self, config: FitConfig, compute: Compute | None = None, lean: bool = True
+    ) -> None:
         if compute is None:
             compute = Compute.resolve(config.accelerator, config.precision)
         self.compute = compute
         # the precision the fits run (16-mixed is bf16-mixed on a CPU, as Lightning runs it)
         self.config = replace(config, precision=compute.precision)
         self.device = compute.device
+        self.lean = lean
 
     def fit(self, model: ClientModule, dm: FederatedDataModule, job: ClientJob) -> FitResult:
         """Client ``job.client_id``'s local fit from ``job.payload``: its upload and new state.
@@ -152,12 +104,22 @@ class ClientFitter:
             model.to(self.device)
         model.begin_client(job.client_id, job.payload, job.state)
         batches = dm.client_train_dataloader(job.client_id, fit_seed)
-        reason = trainer_reason(model, self.config.precision)
-        if self.config.fit_with == "trainer" or reason is not None:
+        path = self.path(model)
+        if path == "trainer":
             num_steps = self._trainer_fit(model, batches)
         else:
-            num_steps = self._fabric_fit(model, batches)
+            num_steps = self._optimize(model, batches, lean=path == "lean")
         return fit_result(model, job, dm.client_num_samples(job.client_id), num_steps)
+
+    def path(self, model: ClientModule) -> Literal["trainer", "fabric", "lean"]:
+        """How ``model``'s fits run: ``trainer`` (``fit_with='trainer'`` or
+        :func:`trainer_reason`), ``fabric`` (a gradient scaler: ``16-mixed`` on a GPU, where
+        Fabric's precision plugin scales, unscales and skips steps) or ``lean`` (``32-true`` and
+        ``bf16-mixed``: plain torch per step, nothing around it but the precision's autocast)."""
+        if self.config.fit_with == "trainer" or trainer_reason(model, self.config.precision):
+            return "trainer"
+        scaled = PRECISION_PATHS[self.config.precision].skips_steps
+        return "lean" if self.lean and not scaled else "fabric"
 
     def _trainer_fit(self, model: ClientModule, batches: Iterable[Any]) -> int:
         config = self.config
@@ -173,17 +135,21 @@ class ClientFitter:
         trainer.fit(model, train_dataloaders=batches)
         return trainer.global_step
 
-    def _fabric_fit(self, model: ClientModule, batches: Iterable[Any]) -> int:
-        """The automatic-optimization loop on Fabric: per batch ``zero_grad``, ``training_step``
-        under the precision's autocast, ``fabric.backward`` (scaled for ``16-mixed``), optional
-        clipping (on unscaled gradients), the optimizer step (skipped by the scaler on non-finite
-        gradients), then step-interval schedulers; epoch-interval schedulers after each pass."""
+    def _optimize(self, model: ClientModule, batches: Iterable[Any], lean: bool) -> int:
+        """The automatic-optimization loop, Lightning's order: per batch ``zero_grad``,
+        ``training_step`` under the precision's autocast, backward (scaled for ``16-mixed``),
+        optional clipping (on unscaled gradients), the optimizer step (skipped by the scaler on
+        non-finite gradients), then step-interval schedulers; epoch-interval schedulers after
+        each pass. Its calls come from :func:`lean_steps` or :func:`fabric_steps`."""
         config = self.config
-        # the run's Fabric; a fresh one per 16-mixed fit, so no gradient scaler state crosses
-        # clients and their order cannot change a result (Compute.fit_fabric)
-        fabric = self.compute.fit_fabric()
         optimizer, schedulers = split_optimizers(model.configure_optimizers())
-        fabric_optimizer = fabric.setup_optimizers(optimizer)
+        clip = (config.gradient_clip_val, config.gradient_clip_algorithm)
+        if lean:
+            step = lean_steps(optimizer, self.compute, clip)
+        else:
+            # a fresh Fabric per 16-mixed fit, so no gradient scaler state crosses clients and
+            # their order cannot change a result (Compute.fit_fabric)
+            step = fabric_steps(optimizer, self.compute.fit_fabric(), model, clip)
         model.train()
         steps, epoch, max_steps = 0, 0, config.local_steps
         monitored = any(c.monitor is not None for c in schedulers)
@@ -195,45 +161,103 @@ class ClientFitter:
             )
             epoch_batches = 0
             for batch_idx, batch in enumerate(batches):
-                fabric_optimizer.zero_grad()
-                with fabric.autocast():
-                    loss = model.training_step(fabric.to_device(batch), batch_idx)
-                fabric.backward(loss)
-                self._clip(fabric, model, fabric_optimizer)
-                fabric_optimizer.step()
+                step.zero_grad()
+                with step.forward_context:
+                    loss = model.training_step(step.to_device(batch), batch_idx)
+                step.backward(loss)
+                if step.clip is not None:
+                    step.clip()
+                step.optimizer_step()
                 steps += 1
                 epoch_batches += 1
                 if monitored:
                     epoch_loss = epoch_loss + loss.detach()
                 # Lightning counts step-interval frequencies by the batch index within the epoch
-                _step_schedulers(schedulers, "step", batch_idx + 1, epoch_loss / epoch_batches)
+                if schedulers:
+                    step_schedulers(schedulers, "step", batch_idx + 1, epoch_loss / epoch_batches)
                 if steps == max_steps:
                     break
             if not epoch_batches:
                 break
             epoch += 1
-            _step_schedulers(schedulers, "epoch", epoch, epoch_loss / epoch_batches)
+            step_schedulers(schedulers, "epoch", epoch, epoch_loss / epoch_batches)
         return steps
 
-    def _clip(self, fabric: Fabric, model: ClientModule, optimizer: Any) -> None:
-        value = self.config.gradient_clip_val
-        if value is None:
-            return
-        if self.config.gradient_clip_algorithm == "value":
-            fabric.clip_gradients(model, optimizer, clip_val=value)
-        else:
-            fabric.clip_gradients(model, optimizer, max_norm=value, error_if_nonfinite=False)
+
+@dataclass(frozen=True)
+class StepCalls:
+    """The calls of one optimizer step of :meth:`ClientFitter._optimize`: the two ways to run it
+    are the same arithmetic (``tests/test_fit.py`` checks it bitwise)."""
+
+    zero_grad: Callable[[], None]
+    #: entered around every ``training_step`` (re-entered: a context manager object made once per
+    #: fit, as a decorator re-enters it)
+    forward_context: AbstractContextManager
+    to_device: Callable[[Any], Any]
+    backward: Callable[[Tensor], None]
+    clip: Callable[[], Any] | None
+    optimizer_step: Callable[[], Any]
 
 
-def _step_schedulers(
-    schedulers: Sequence[SchedulerConfig], interval: str, count: int, mean_loss: Any
-) -> None:
-    for config in schedulers:
-        if config.interval == interval and count % config.frequency == 0:
-            if config.monitor is None:
-                config.scheduler.step()
-            else:
-                config.scheduler.step(float(mean_loss))
+Clip = tuple[float | None, str]
+
+
+def lean_steps(optimizer: torch.optim.Optimizer, compute: Compute, clip: Clip) -> StepCalls:
+    """Plain torch per step: the precision's autocast (the run's Fabric's ``autocast()``, made
+    once per fit), ``loss.backward()``, torch's clipping over the optimizer's parameters in
+    Fabric's order, ``optimizer.step()``; a batch already on the device (the data module keeps
+    client data there) is not moved again. For precisions without a gradient scaler, Fabric's
+    per-step wrappers add nothing else (its precision plugin's backward and step call these)."""
+    device = compute.device
+    value, algorithm = clip
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    clipper = None
+    if value is not None and algorithm == "value":
+        clipper = partial(torch.nn.utils.clip_grad_value_, params, clip_value=value)
+    elif value is not None:
+        clipper = partial(
+            torch.nn.utils.clip_grad_norm_, params, max_norm=value, error_if_nonfinite=False
+        )
+    return StepCalls(
+        zero_grad=optimizer.zero_grad,
+        forward_context=compute.autocast(),
+        to_device=lambda batch: batch if _on_device(batch, device) else move(batch, device),
+        backward=Tensor.backward,
+        clip=clipper,
+        optimizer_step=optimizer.step,
+    )
+
+
+def fabric_steps(
+    optimizer: torch.optim.Optimizer, fabric: Fabric, model: ClientModule, clip: Clip
+) -> StepCalls:
+    """Fabric's wrappers per step: its optimizer (a ``16-mixed`` scaler's ``step`` and
+    ``update``), ``fabric.backward`` (the scaled loss), ``fabric.clip_gradients`` (unscaled
+    first), ``fabric.to_device`` and ``fabric.autocast``."""
+    wrapped = fabric.setup_optimizers(optimizer)
+    value, algorithm = clip
+    clipper = None
+    if value is not None and algorithm == "value":
+        clipper = partial(fabric.clip_gradients, model, wrapped, clip_val=value)
+    elif value is not None:
+        clipper = partial(
+            fabric.clip_gradients, model, wrapped, max_norm=value, error_if_nonfinite=False
+        )
+    return StepCalls(
+        zero_grad=wrapped.zero_grad,
+        forward_context=fabric.autocast(),
+        to_device=fabric.to_device,
+        backward=fabric.backward,
+        clip=clipper,
+        optimizer_step=wrapped.step,
+    )
+
+
+def _on_device(batch: Any, device: torch.device) -> bool:
+    """Whether ``batch`` is a tuple or list whose tensors are all on ``device`` already."""
+    return isinstance(batch, tuple | list) and all(
+        t.device == device for t in batch if isinstance(t, Tensor)
+    )
 
 
 def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps: int) -> FitResult:
@@ -252,4 +276,3 @@ def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps:
         metrics=model.client_metrics(),
     )
     return FitResult(upload, state)
-

@@ -3,7 +3,9 @@ evaluation (``val_acc``) and by client objectives that score their own personal 
 ``personal_acc``), so it lives below both.
 
 Given client ``i``'s accuracy ``a_i`` on its own split of ``n_i`` samples (clients without samples
-left out), over the ``M`` remaining clients:
+left out), over the ``M`` remaining clients (for ``val_acc``: the clients the loop scores, every
+client or a seeded sample of ``loop.val_clients`` per evaluated round, whose statistics then
+estimate those of all clients: :mod:`fedlightning.loop.evaluation`):
 
 * ``mean``: ``(1/M) sum_i a_i`` (unweighted; the library's ``val_acc``),
 * ``weighted``: ``sum_i n_i a_i / sum_i n_i`` (PFLlib's reported accuracy: all correct over all

@@ -92,11 +92,13 @@ class ClientStore:
     def __contains__(self, client_id: object) -> bool:
         return client_id in (self._states if self.mode == "memory" else self._files)
 
-    def commit(self) -> None:
-        """Delete state files that the current index no longer references (disk mode)."""
+    def commit(self, written: dict[str, Any] | None = None) -> None:
+        """Delete state files that neither the current index nor ``written`` (the
+        :meth:`state_dict` of the checkpoint just written, which later rounds may have moved past)
+        references (disk mode)."""
         if self.mode != "disk" or not self.directory.is_dir():
             return
-        live = set(self._files.values())
+        live = set(self._files.values()) | set((written or {}).get("files", {}).values())
         for entry in os.scandir(self.directory):
             if entry.name.endswith(".pt") and entry.name not in live:
                 os.unlink(entry.path)

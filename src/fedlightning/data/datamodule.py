@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -325,12 +326,16 @@ class FederatedDataModule(pl.LightningDataModule):
         x, y = self._val_pool()
         return TensorBatches(x[idx], y[idx], self.eval_batch_size)
 
-    def client_val_data(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All clients' validation samples at once: ``(x, y, client_id)``."""
-        idx = torch.cat(self._val_idx)
-        owners = torch.cat(
-            [torch.full((len(v),), c, dtype=torch.int64) for c, v in enumerate(self._val_idx)]
-        )
+    def client_val_data(
+        self, client_ids: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The validation samples of ``client_ids`` (``None``: every client) at once:
+        ``(x, y, client_id)``."""
+        ids = list(range(len(self._val_idx))) if client_ids is None else list(client_ids)
+        parts = [self._val_idx[c] for c in ids]
+        idx = torch.cat(parts)
+        sizes = torch.tensor([len(part) for part in parts], dtype=torch.int64)
+        owners = torch.repeat_interleave(torch.tensor(ids, dtype=torch.int64), sizes)
         x, y = self._val_pool()
         return x[idx], y[idx], owners
 

@@ -36,13 +36,14 @@ REQUIRED = {
 }
 
 
-def atomic_save(obj: Any, path: str | Path) -> None:
+def atomic_save(obj: Any, path: str | Path, on_cpu: bool = False) -> None:
     """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``:
     a reader (or a run killed mid-write) sees either the old file or the new one, never a torn one.
     A failed write removes the temporary file and raises a StorageError naming the folder.
 
     Every tensor in ``obj`` is written from the CPU (:func:`~fedlightning.placement.to_cpu`: the
-    server state may live on the GPU), so a file loads anywhere; the caller's ``obj`` is untouched."""
+    server state may live on the GPU), so a file loads anywhere; the caller's ``obj`` is untouched.
+    ``on_cpu``: ``obj`` is known to hold CPU tensors only (a :func:`snapshot`), not walked again."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -50,7 +51,7 @@ def atomic_save(obj: Any, path: str | Path) -> None:
             # into memory first, then one plain write: a full disk is an OSError (ENOSPC), never
             # torch's writer failing deep inside its C++ container
             buffer = io.BytesIO()
-            torch.save(to_cpu(obj), buffer)
+            torch.save(obj if on_cpu else to_cpu(obj), buffer)
             handle.write(buffer.getbuffer())
             handle.flush()
             os.fsync(handle.fileno())
@@ -106,6 +107,19 @@ def make_checkpoint(
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         "wandb_id": logger_ids.get("wandb"),
         "meters": meters or {},
+    }
+
+
+def snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``checkpoint`` that later rounds cannot change, to be written while they run: the
+    server and client state copied to the CPU (an aggregator or an objective may update tensors in
+    place), the history's rows copied; the rest (RNG states taken at this moment, identity,
+    ids, meters' fresh dicts) holds nothing a later round changes."""
+    return {
+        **checkpoint,
+        "aggregator": to_cpu(checkpoint["aggregator"], copy=True),
+        "clients": to_cpu(checkpoint["clients"], copy=True),
+        "history": [dict(row) for row in checkpoint["history"]],
     }
 
 

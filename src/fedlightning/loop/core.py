@@ -22,6 +22,7 @@ from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.loop.checkpoint import atomic_save, make_checkpoint, read_checkpoint
+from fedlightning.loop.checkpoint_writer import CheckpointWriter
 from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
@@ -51,7 +52,9 @@ class FederatedLoop:
     aggregator for their payloads; fit each client's module for ``local_epochs`` epochs (or
     ``local_steps`` optimizer steps) on the ``backend``, seeded from ``(seed, r, client)``;
     aggregate the successful uploads; every ``eval_every`` rounds evaluate the deployable model(s)
-    on the global test set and on every client's validation split; report; checkpoint atomically.
+    on the global test set and the global model on the scored clients' validation splits
+    (``val_clients``); report; checkpoint atomically (written in the background,
+    :mod:`fedlightning.loop.checkpoint_writer`).
 
     Args:
         rounds: number of communication rounds R.
@@ -74,6 +77,11 @@ class FederatedLoop:
         devices: devices per client fit (one; several GPUs are reached through a backend).
         seed: seeds sampling, client fits, model initialisation (CLI) and the partition.
         eval_every: evaluate every this many rounds (and always after the last round).
+        val_clients: the clients whose validation splits an evaluated round scores (``val_acc``):
+            ``all``, or an integer K: every client when there are at most K, otherwise K clients
+            sampled from ``(seed, round)`` afresh each evaluated round, so evaluation does not
+            grow with the number of clients (``val_acc`` is then the mean over the sample;
+            :mod:`fedlightning.loop.evaluation`). Default 100.
         run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt`` and
             ``global.pt`` go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
         checkpoint_every: write ``last.ckpt`` every this many rounds (and after the last round).
@@ -126,6 +134,7 @@ class FederatedLoop:
         devices: int = 1,
         seed: int = 0,
         eval_every: int = 1,
+        val_clients: int | Literal["all"] = 100,
         run_dir: str | None = None,
         checkpoint_every: int = 1,
         min_clients: int = 1,
@@ -163,6 +172,7 @@ class FederatedLoop:
         )  # fmt: skip
         self.seed = seed
         self.eval_every = eval_every
+        self.val_clients = val_clients
         self.run_dir = Path(run_dir if run_dir is not None else "runs/run")
         self.checkpoint_every = checkpoint_every
         self.min_clients = min_clients
@@ -241,16 +251,29 @@ class FederatedLoop:
     # -- the rounds -----------------------------------------------------------------------------
     def _run(self, model: ClientModule, dm: FederatedDataModule, run: RunState) -> dict[str, float]:
         open_run(self, model, dm, run)
+        writer = CheckpointWriter()
+        try:
+            metrics, unsaved, started = self._rounds(model, dm, run, writer)
+        except BaseException:  # the checkpoint in flight lands before the error goes up
+            writer.close(raise_error=False)
+            raise
+        writer.close()  # and before global.pt
+        return self._finish(metrics, unsaved, started)
+
+    def _rounds(
+        self, model: ClientModule, dm: FederatedDataModule, run: RunState, writer: CheckpointWriter
+    ) -> tuple[dict[str, float], str | None, float]:
+        """The rounds: the last evaluated metrics, why the final model must not be saved
+        (``None``: it is finite) and when the rounds started."""
         start_round, per_round = run.first_round, run.clients_per_round
-        evaluator = Evaluator(run.compute.device, run.compute.autocast)
+        evaluator = Evaluator(run.compute.device, run.compute.autocast, self.seed, self.val_clients)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
-        guard = ServerGuard(
-            self.aggregator, self.summary, self.on_round_failure, run.server.device
-        )
+        guard = ServerGuard(self.aggregator, self.summary, self.on_round_failure, run.server.device)
         started = time.perf_counter()
         with self.reporter.progress(self.rounds, start_round) as advance:
             for r in range(start_round, self.rounds):
                 round_start = time.perf_counter()
+                writer.poll()  # a failed background checkpoint write stops the run here
                 client_ids = sample_clients(self.seed, r, dm.num_clients, per_round)
                 payloads = self.aggregator.configure_round(r, client_ids)
                 jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
@@ -269,6 +292,7 @@ class FederatedLoop:
                 if len(uploads) >= self.min_clients:
                     guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
                 elif self.on_round_failure == "stop":
+                    writer.wait()  # the message names the checkpoint on disk
                     self._stop(r, len(uploads), per_round)
                 else:
                     log.warning(
@@ -285,6 +309,7 @@ class FederatedLoop:
                             self.aggregator.deployables(),
                             [u.client_id for u in uploads],
                             self.store,
+                            r,
                         ),  # fmt: skip
                         "train_loss": _mean(
                             [u.metrics.get("train_loss", math.nan) for u in uploads]
@@ -306,9 +331,15 @@ class FederatedLoop:
                 else:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
-                    self._save_checkpoint(run, r + 1)
+                    self._save_checkpoint(run, r + 1, writer)
                 advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
-        unsaved = guard.final_model_problem(self.aggregator.global_state())  # None: finite
+        return metrics, guard.final_model_problem(self.aggregator.global_state()), started
+
+    def _finish(
+        self, metrics: dict[str, float], unsaved: str | None, started: float
+    ) -> dict[str, float]:
+        """After the rounds and their last checkpoint write: ``global.pt`` (unless ``unsaved``
+        says why not), the summary and the run's verdict."""
         if unsaved is None:
             atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
         self.reporter.close()
@@ -330,15 +361,19 @@ class FederatedLoop:
         )
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def _save_checkpoint(self, run: RunState, rounds_done: int) -> None:
+    def _save_checkpoint(self, run: RunState, rounds_done: int, writer: CheckpointWriter) -> None:
         checkpoint = make_checkpoint(
             rounds_done, run.identity, self.aggregator.state_dict(), self.store.state_dict(),
             self.history, {"wandb": self.reporter.wandb_id()},
             {"communication": self.communication.state_dict(), "target": self.target.state_dict()},
         )  # fmt: skip
-        atomic_save(checkpoint, self.run_dir / "last.ckpt")
-        run.last_checkpoint = (rounds_done, str(self.run_dir / "last.ckpt"))
-        self.store.commit()
+        path = self.run_dir / "last.ckpt"
+
+        def written() -> None:  # on the loop's thread, once the file is on disk
+            run.last_checkpoint = (rounds_done, str(path))
+            self.store.commit(written=checkpoint["clients"])
+
+        writer.submit(checkpoint, path, written)
 
     def _newest_checkpoint(self) -> tuple[int, str] | None:
         """``(rounds, path)`` of the checkpoint that resumes this run now: the file on disk is the

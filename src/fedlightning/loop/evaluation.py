@@ -1,57 +1,97 @@
-"""Evaluation: plain ``no_grad`` passes with torchmetrics (no Trainer per round).
+"""Evaluation: plain ``no_grad`` passes (no Trainer, no metric objects per round).
 
 Each deployable model is scored on the global test set (``test_acc``, ``test_loss``; models other
-than ``"global"`` prefixed by their name, e.g. ``resnet10/test_acc``), the global model on every
-client's validation split (``val_acc``: the unweighted mean over clients of each client's
-accuracy, with the distribution's sample-weighted mean, std, min and worst 10%:
-:mod:`fedlightning.metrics`), then the objective adds its own metrics (:meth:`ClientModule.evaluate_clients`).
+than ``"global"`` prefixed by their name, e.g. ``resnet10/test_acc``), the global model on the
+validation splits of the round's scored clients in one batched pass (``val_acc``: the unweighted
+mean over those clients of each client's accuracy, with the distribution's sample-weighted mean,
+std, min and worst 10%: :mod:`fedlightning.metrics`), then the objective adds its own metrics
+(:meth:`ClientModule.evaluate_clients`).
+
+The scored clients (``loop.val_clients``, :func:`val_clients`): every client when there are at most
+``val_clients`` of them (or with ``"all"``), otherwise a sample of ``val_clients`` clients drawn
+without replacement from ``(seed, round)`` alone, a fresh one per evaluated round, so an
+evaluation costs the same at 100 or 100,000 clients. ``val_acc`` is then the mean over that sample:
+an unbiased estimate of the mean over all clients, and the same sample for every backend and on a
+resume.
+
+The test metrics are computed as torchmetrics' ``MulticlassAccuracy(average="micro")`` and
+``MeanMetric`` computed them (float32 quotients of the summed counts and per-sample losses), so
+their values did not change when those objects left the hot path; a NaN in any per-sample test loss
+makes ``test_loss`` NaN (``MeanMetric`` dropped it), which fails the round
+(:mod:`fedlightning.loop.server_guard`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import MeanMetric
-from torchmetrics.classification import MulticlassAccuracy
 
 from fedlightning.metrics import accuracy_distribution
 from fedlightning.protocol import StateDict
+from fedlightning.seeding import derive_seed
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
     from fedlightning.state import ClientStore
 
+ValClients = int | Literal["all"]
+
+
+def val_clients(
+    seed: int, round_index: int, num_clients: int, scored: ValClients
+) -> list[int] | None:
+    """The clients whose validation splits round ``round_index`` scores: ``None`` for every
+    client (``scored`` is ``"all"`` or at least ``num_clients``), else ``scored`` distinct ids
+    drawn uniformly without replacement from a generator seeded by ``(seed, round_index)`` only,
+    in increasing order."""
+    if scored == "all" or scored >= num_clients:
+        return None
+    gen = torch.Generator().manual_seed(derive_seed(seed, "val_clients", round_index))
+    return sorted(torch.randperm(num_clients, generator=gen)[:scored].tolist())
+
 
 class Evaluator:
-    """Scores models on ``device`` under ``autocast`` (the run's precision context)."""
+    """Scores models on ``device`` under ``autocast`` (the run's precision context); ``seed`` and
+    ``scored`` choose each round's scored clients (:func:`val_clients`)."""
 
     def __init__(
-        self, device: torch.device, autocast: Callable[[], AbstractContextManager]
+        self,
+        device: torch.device,
+        autocast: Callable[[], AbstractContextManager],
+        seed: int = 0,
+        scored: ValClients = "all",
     ) -> None:
         self.device = device
         self.autocast = autocast
+        self.seed = seed
+        self.scored = scored
+        self._every_client: tuple[Tensor, Tensor, Tensor] | None = None  # gathered once
 
     @torch.no_grad()
     def test(
         self, model: ClientModule, batches: Iterable[tuple[Tensor, Tensor]]
     ) -> dict[str, float]:
         """``test_acc`` (micro accuracy) and ``test_loss`` (mean cross-entropy per sample)."""
-        accuracy = MulticlassAccuracy(model.num_classes, average="micro").to(self.device)
-        loss = MeanMetric().to(self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        count = 0
         dtype = next(model.parameters()).dtype  # float64 after a 64-true fit
         for x, y in batches:
             x, y = x.to(self.device, dtype), y.to(self.device)
             with self.autocast():
                 logits = model(x)
-            accuracy.update(logits, y)
-            loss.update(F.cross_entropy(logits.float(), y, reduction="none"))
-        return {"test_acc": float(accuracy.compute()), "test_loss": float(loss.compute())}
+            correct += (logits.argmax(dim=1) == y).sum()
+            loss += F.cross_entropy(logits.float(), y, reduction="none").sum()
+            count += len(y)
+        total = torch.tensor(float(count), dtype=torch.float32, device=self.device)
+        accuracy = correct.float() / total if count else torch.zeros(())
+        return {"test_acc": float(accuracy), "test_loss": float(loss / total)}
 
     @torch.no_grad()
     def client_accuracy(
@@ -60,8 +100,8 @@ class Evaluator:
         """The distribution of each client's accuracy on its own samples
         (:func:`~fedlightning.metrics.accuracy_distribution`: ``val_acc`` is the
         unweighted mean over clients, with ``_weighted``, ``_std``, ``_min`` and ``_worst10``)."""
-        correct = torch.zeros(0, dtype=torch.float64, device=self.device)
-        counts = torch.zeros(0, dtype=torch.float64, device=self.device)
+        size = int(owner.max()) + 1
+        correct = torch.zeros(size, dtype=torch.float64, device=self.device)
         dtype = next(model.parameters()).dtype
         for start in range(0, len(y), batch_size):
             xb = x[start : start + batch_size].to(self.device, dtype)
@@ -69,9 +109,8 @@ class Evaluator:
             ob = owner[start : start + batch_size].to(self.device)
             with self.autocast():
                 hits = (model(xb).argmax(dim=1) == yb).to(torch.float64)
-            size = max(int(ob.max()) + 1, len(counts))
-            correct = _pad(correct, size) + torch.bincount(ob, weights=hits, minlength=size)
-            counts = _pad(counts, size) + torch.bincount(ob, minlength=size).to(torch.float64)
+            correct += torch.bincount(ob, weights=hits, minlength=size)
+        counts = torch.bincount(owner, minlength=size).to(self.device, torch.float64)
         return accuracy_distribution(correct, counts, "val_acc")
 
     def evaluate(
@@ -81,8 +120,11 @@ class Evaluator:
         deployables: Mapping[str, StateDict],
         client_ids: Sequence[int],
         store: ClientStore,
+        round_index: int = 0,
     ) -> dict[str, float]:
-        """Every metric of one evaluated round (see the module docstring)."""
+        """Every metric of round ``round_index``'s evaluation (see the module docstring);
+        ``client_ids``: the clients whose uploads the round aggregated (for the objective's
+        own metrics)."""
         model.to(self.device).eval()
         model.prepare_evaluation(store)
         results: dict[str, float] = {}
@@ -94,8 +136,9 @@ class Evaluator:
         groups = [g for g in model.groups if f"{g}/test_acc" in results]
         if len(groups) > 1:  # heterogeneous clients: the paper's headline number
             results["group_mean_acc"] = sum(results[f"{g}/test_acc"] for g in groups) / len(groups)
-        model.load_network_state(deployables["global"])
-        x, y, owner = dm.client_val_data()
+        if len(deployables) > 1:
+            model.load_network_state(deployables["global"])
+        x, y, owner = self._val_data(dm, round_index)
         if len(y):
             results.update(self.client_accuracy(model, x, y, owner, dm.eval_batch_size))
         results.update(
@@ -104,6 +147,12 @@ class Evaluator:
         model.train()
         return results
 
-
-def _pad(values: Tensor, size: int) -> Tensor:
-    return F.pad(values, (0, size - len(values)))
+    def _val_data(self, dm: FederatedDataModule, round_index: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The scored clients' validation samples, ``(x, y, client_id)``: every client's gathered
+        once per run, a sample's gathered per round."""
+        ids = val_clients(self.seed, round_index, dm.num_clients, self.scored)
+        if ids is not None:
+            return dm.client_val_data(ids)
+        if self._every_client is None:
+            self._every_client = dm.client_val_data()
+        return self._every_client

@@ -57,6 +57,7 @@ def check_arguments(
     devices: int,
     seed: int,
     eval_every: int,
+    val_clients: int | str,
     run_dir: str | None,
     checkpoint_every: int,
     min_clients: int,
@@ -95,6 +96,10 @@ def check_arguments(
     require(precision in PRECISIONS, "loop.precision", precision, f"one of {', '.join(PRECISIONS)}")
     require(devices == 1, "loop.devices", devices, "1 (each client fit uses one device)")
     require(eval_every >= 1, "loop.eval_every", eval_every, "an integer >= 1")
+    require(
+        val_clients == "all" or (type(val_clients) is int and val_clients >= 1),
+        "loop.val_clients", val_clients, "'all' or an integer >= 1",
+    )  # fmt: skip
     require(checkpoint_every >= 1, "loop.checkpoint_every", checkpoint_every, "an integer >= 1")
     require(min_clients >= 1, "loop.min_clients", min_clients, "an integer >= 1")
     require(
