@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from lightning.fabric import Fabric
 
+from fedlightning.attacks.labels import training_batches
 from fedlightning.compute import FABRIC_PRECISIONS, Compute, canonical
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
@@ -151,7 +152,7 @@ class ClientFitter:
         if model.device != self.device:  # moving walks every submodule: only when needed
             model.to(self.device)
         model.begin_client(job.client_id, job.payload, job.state)
-        batches = dm.client_train_dataloader(job.client_id, fit_seed)
+        batches = training_batches(dm, job.client_id, fit_seed, self.config)
         reason = trainer_reason(model, self.config.precision)
         if self.config.fit_with == "trainer" or reason is not None:
             num_steps = self._trainer_fit(model, batches)
@@ -252,4 +253,3 @@ def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps:
         metrics=model.client_metrics(),
     )
     return FitResult(upload, state)
-
