@@ -18,7 +18,7 @@ from fedlightning.backends import CohortBackend, SequentialBackend
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.byzantine import Adversary, most_malicious_per_round
 from fedlightning.loop.sampling import sample_clients
-from fedlightning.protocol import FitConfig, Payload, Upload
+from fedlightning.protocol import ClientJob, FitConfig, Payload, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server import FedAvg, Krum
 
@@ -93,10 +93,15 @@ def test_label_flip_trains_on_mirrored_labels_and_leaves_uploads():
 
 
 def test_label_flip_clients_survive_the_flower_wire():
+    """The Flower backend sends the fit config to its SuperNodes as JSON, where a tuple becomes
+    a list (fedlightning.flower_app.records)."""
     config = FitConfig(local_steps=3, label_flip_clients=(2, 5))
-    # the Flower backend sends the config as JSON (flower_app.records): a list comes back
     back = FitConfig(**json.loads(json.dumps(dataclasses.asdict(config))))
     assert back == config and back.label_flip_clients == (2, 5)
+    records = pytest.importorskip("fedlightning.flower_app.records")
+    job = ClientJob(0, 2, Payload({"w": torch.zeros(2)}), {})
+    _, read, _ = records.read_jobs(records.jobs_content([job], config, {}))
+    assert read == config and hash(read) == hash(config)
 
 
 def test_the_malicious_set_is_seeded_and_sized():
@@ -223,3 +228,23 @@ def test_attacks_give_the_same_bits_on_ray(attack, tmp_path):
     finally:
         ray.shutdown()
     assert all(torch.equal(on_ray[k], v) for k, v in sequential.items())
+
+
+@pytest.mark.slow  # a localhost federation (SuperLink, two SuperNodes): about a minute
+def test_label_flipping_on_a_flower_federation_is_byte_identical_to_sequential(tmp_path):
+    """The SuperNodes rebuild the data module from its init args; the malicious clients reach
+    them in the fit config, so their fits flip the same labels as a sequential fit."""
+    pytest.importorskip("flwr")
+    from conftest import run_cli
+    from fedlightning.flower_app.local import LocalFederation
+    from test_flower import _flower_args
+
+    attack = ["--loop.attack", "fedlightning.attacks.LabelFlip",
+              "--loop.attack.init_args.clients", "[1, 2, 5]"]  # fmt: skip
+    run_cli(tmp_path / "clean", "--loop.rounds", "2")
+    run_cli(tmp_path / "seq", "--loop.rounds", "2", *attack)
+    with LocalFederation(num_nodes=2) as fed:
+        run_cli(tmp_path / "flower", "--loop.rounds", "2", *attack, *_flower_args(fed))
+    flower = (tmp_path / "flower" / "global.pt").read_bytes()
+    assert flower == (tmp_path / "seq" / "global.pt").read_bytes()
+    assert flower != (tmp_path / "clean" / "global.pt").read_bytes()
