@@ -3,6 +3,7 @@ the bad inputs refused before anything is written, and the attacks applied ident
 backend (label flipping inside each backend's fits, the upload attacks in one place after them)."""
 
 import dataclasses
+import inspect
 import json
 import math
 from statistics import NormalDist
@@ -10,7 +11,7 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
+from fedlightning import ClientModule, FederatedDataModule, FederatedLoop, attacks
 from fedlightning.attacks import ALIE, GaussianNoise, LabelFlip, Scaling, SignFlip
 from fedlightning.attacks.labels import training_batches
 from fedlightning.attacks.maths import alie_z
@@ -248,3 +249,34 @@ def test_label_flipping_on_a_flower_federation_is_byte_identical_to_sequential(t
     flower = (tmp_path / "flower" / "global.pt").read_bytes()
     assert flower == (tmp_path / "seq" / "global.pt").read_bytes()
     assert flower != (tmp_path / "clean" / "global.pt").read_bytes()
+
+
+ATTACKS = [
+    getattr(attacks, n) for n in attacks.__all__ if not inspect.isabstract(getattr(attacks, n))
+]
+
+
+@pytest.mark.parametrize("cls", ATTACKS, ids=lambda c: c.__name__)
+def test_every_attack_keeps_the_upload_format_and_is_a_function_of_its_round(cls):
+    """Over ``attacks.__all__``: malicious uploads keep each key's shape and dtype (a BatchNorm
+    state with an integer counter), honest uploads pass as the same objects, and the same round
+    gives the same bits."""
+    g = torch.Generator().manual_seed(0)
+    server = {"w": torch.randn(3, 2, generator=g), "bn.running_var": torch.ones(2),
+              "bn.num_batches_tracked": torch.tensor(4)}  # fmt: skip
+    uploads = [
+        Upload(i, {k: v + 0.1 * i if v.is_floating_point() else v + 1 for k, v in server.items()},
+               num_samples=3, num_steps=1)
+        for i in range(5)
+    ]  # fmt: skip
+    adversary = Adversary(cls(clients=[1, 3]), frozenset({1, 3}), seed=5)
+    payloads = {u.client_id: Payload(server) for u in uploads}
+    first = adversary.corrupt(2, uploads, payloads)
+    again = adversary.corrupt(2, uploads, payloads)
+    for upload, out, repeat in zip(uploads, first, again, strict=True):
+        assert all(torch.equal(out.weights[k], repeat.weights[k]) for k in upload.weights)
+        if upload.client_id not in (1, 3):
+            assert out is upload
+        for key, value in upload.weights.items():
+            assert out.weights[key].shape == value.shape and out.weights[key].dtype == value.dtype
+        assert torch.equal(out.weights["bn.num_batches_tracked"], torch.tensor(5))
