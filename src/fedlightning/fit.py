@@ -28,6 +28,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import Tensor
 
+from fedlightning.attacks.labels import training_batches
 from fedlightning.compute import FABRIC_PRECISIONS, PRECISION_PATHS, Compute, canonical
 from fedlightning.optim_config import split_optimizers, step_schedulers
 from fedlightning.placement import move
@@ -103,7 +104,7 @@ class ClientFitter:
         if model.device != self.device:  # moving walks every submodule: only when needed
             model.to(self.device)
         model.begin_client(job.client_id, job.payload, job.state)
-        batches = dm.client_train_dataloader(job.client_id, fit_seed)
+        batches = training_batches(dm, job.client_id, fit_seed, self.config)
         path = self.path(model)
         if path == "trainer":
             num_steps = self._trainer_fit(model, batches)

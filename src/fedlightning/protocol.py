@@ -119,6 +119,9 @@ class FitConfig:
             (a lean Lightning Trainer for every fit).
         num_threads: torch intra-op threads (``None``: torch's default).
         onednn: use oneDNN CPU kernels.
+        label_flip_clients: the clients whose fits train on flipped labels ``y -> C - 1 - y`` (a
+            :class:`fedlightning.attacks.LabelFlip` attack, resolved at start-up; it travels
+            with the config so that every backend's workers apply it).
     """
 
     local_epochs: int = 1
@@ -131,3 +134,8 @@ class FitConfig:
     fit_with: Literal["auto", "trainer"] = "auto"
     num_threads: int | None = None
     onednn: bool = False
+    label_flip_clients: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        # a config read back from JSON (the Flower wire) holds a list: one type, hashable
+        object.__setattr__(self, "label_flip_clients", tuple(self.label_flip_clients))

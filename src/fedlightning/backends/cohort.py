@@ -56,6 +56,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedlightning.attacks.labels import training_batches
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort_checks import check_cohort
 from fedlightning.backends.cohort_metrics import StackedMetrics
@@ -241,7 +242,7 @@ def _batches(
     dm: FederatedDataModule, config: FitConfig, round_index: int, cid: int
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """Client ``cid``'s batches in the order its sequential fit takes them."""
-    loader = dm.client_train_dataloader(cid, derive_seed(config.seed, "fit", round_index, cid))
+    loader = training_batches(dm, cid, derive_seed(config.seed, "fit", round_index, cid), config)
     taken, passes, steps = 0, 0, config.local_steps
     while (steps is None and passes < config.local_epochs) or (steps is not None and taken < steps):
         passes += 1

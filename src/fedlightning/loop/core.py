@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.loggers import Logger
 
+from fedlightning.attacks.base import Attack
 from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
@@ -119,6 +120,9 @@ class FederatedLoop:
             many rounds (at evaluated rounds).
         max_skipped_fraction: the run fails (exit status 1 from the CLI) when more than this
             fraction of its rounds skipped aggregation, or when no round aggregated.
+        attack: Byzantine clients for robustness experiments (``fedlightning.attacks``: a seeded
+            fraction or a list of malicious clients and what they do; docs/algorithms.md section
+            8.1); every evaluated row then has ``malicious_uploads``. Null: none.
     """
 
     def __init__(
@@ -157,12 +161,14 @@ class FederatedLoop:
         log_every: int = 1,
         max_skipped_fraction: float = 0.5,
         target_acc: float | None = None,
+        attack: Attack | None = None,
     ) -> None:
         self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
         check_arguments(**self.init_args)
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.aggregator = aggregator if aggregator is not None else FedAvg()
+        self.attack = attack
         self.backend = backend if backend is not None else AutoBackend()
         self.fit_config = FitConfig(
             local_epochs=local_epochs, local_steps=local_steps, precision=precision,
@@ -231,7 +237,7 @@ class FederatedLoop:
             ):
                 try:
                     self.backend.start(
-                        model, datamodule, self.fit_config, run.compute, self.reporter.client_done
+                        model, datamodule, run.fit_config, run.compute, self.reporter.client_done
                     )
                     return self._run(model, datamodule, run)
                 except KeyboardInterrupt:
@@ -288,6 +294,8 @@ class FederatedLoop:
                 for cid, result in outcome.results:
                     self.store.put(cid, result.state)
                 uploads = outcome.uploads
+                if run.adversary is not None:  # one place for every backend: after the fits
+                    uploads = run.adversary.corrupt(r, uploads, payloads)
                 self.summary.record_round(len(uploads) >= self.min_clients)
                 if len(uploads) >= self.min_clients:
                     guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
@@ -319,6 +327,7 @@ class FederatedLoop:
                         "round_time_s": time.perf_counter() - round_start,
                         **traffic,
                         **self.aggregator.round_metrics(),
+                        **(run.adversary.round_metrics(uploads) if run.adversary else {}),
                     }
                     self.target.add_time(metrics["round_time_s"])
                     if guard.evaluation_failed(r, metrics):  # state restored, row not logged

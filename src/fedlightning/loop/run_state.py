@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedlightning.compute import Compute
+from fedlightning.loop.byzantine import Adversary
 from fedlightning.loop.server_device import ServerDevice
+from fedlightning.protocol import FitConfig
 
 
 @dataclass
@@ -36,6 +38,10 @@ class RunState:
         first_round: the 0-based round the run starts at (the checkpoint's rounds done, or 0).
         last_checkpoint: ``(rounds done, path)`` of the newest checkpoint that resumes this run
             (the one resumed from until the run writes its own); ``None``: none yet.
+        fit_config: how every client fit runs: the loop's, with what start-up resolved (the
+            clients a label-flipping attack poisons); the backend receives it.
+        adversary: ``loop.attack`` with its malicious clients (:mod:`fedlightning.loop.byzantine`);
+            ``None``: no attack.
     """
 
     clients_per_round: int
@@ -46,3 +52,5 @@ class RunState:
     resumes_in_place: bool
     first_round: int
     last_checkpoint: tuple[int, str] | None
+    fit_config: FitConfig
+    adversary: Adversary | None

@@ -22,12 +22,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from fedlightning.attacks.base import Attack
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.compute import PRECISIONS, Compute
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError, require
+from fedlightning.loop.byzantine import prepare_attack
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator, check_seed
 from fedlightning.loop.identity import compare_identity, run_identity
@@ -70,6 +72,7 @@ def check_arguments(
     log_every: int,
     max_skipped_fraction: float,
     target_acc: float | None,
+    attack: Any,
     **_: Any,
 ) -> None:
     """Check the FederatedLoop's arguments (the others are checked where they are used)."""
@@ -133,6 +136,10 @@ def check_arguments(
         backend is None or isinstance(backend, Backend),
         "loop.backend", backend, "a Backend (AutoBackend, SequentialBackend, CohortBackend, RayBackend)",
     )  # fmt: skip
+    require(
+        attack is None or isinstance(attack, Attack),
+        "loop.attack", attack, "null or an Attack (fedlightning.attacks: LabelFlip, SignFlip, ...)",
+    )  # fmt: skip
 
 
 def prepare_run(
@@ -146,6 +153,10 @@ def prepare_run(
     datamodule.setup("fit")
     per_round = clients_per_round(loop.clients_per_round, datamodule.num_clients, loop.min_clients)
     check_pairing(model, loop.aggregator, loop.precision)
+    adversary, fit_config = prepare_attack(
+        loop.attack, loop.aggregator, loop.fit_config, datamodule.num_clients, per_round,
+        loop.rounds, loop.seed,
+    )  # fmt: skip
     classes = getattr(model, "num_classes", None)
     if classes is not None and classes < datamodule.num_classes:
         raise ConfigurationError(
@@ -155,7 +166,7 @@ def prepare_run(
     check_accelerator(loop.fit_config.accelerator)
     with quiet_lightning():  # no AMP banner (a 16-mixed run on a CPU still warns, once)
         compute = Compute.resolve(loop.fit_config.accelerator, loop.precision)
-    loop.backend.check(model, loop.fit_config, compute)
+    loop.backend.check(model, fit_config, compute)
     validate_datamodule(datamodule)
     model.prepare_clients(datamodule)
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
@@ -187,7 +198,7 @@ def prepare_run(
     return RunState(
         clients_per_round=per_round, compute=compute, server=server, identity=identity,
         checkpoint=checkpoint, resumes_in_place=resuming, first_round=rounds_done,
-        last_checkpoint=last_checkpoint,
+        last_checkpoint=last_checkpoint, fit_config=fit_config, adversary=adversary,
     )  # fmt: skip
 
 

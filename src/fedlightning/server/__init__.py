@@ -1,15 +1,19 @@
 """Server aggregators: pure torch on state_dicts, owner-aware (see :mod:`fedlightning.server.base`)."""
 
 from fedlightning.server.base import Aggregator
+from fedlightning.server.centered_clip import CenteredClipping
 from fedlightning.server.fedadam import FedAdam
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.fedavgm import FedAvgM
 from fedlightning.server.fedcross import FedCross
 from fedlightning.server.fednova import FedNova
+from fedlightning.server.geomed import GeometricMedian
 from fedlightning.server.inco import InCo
+from fedlightning.server.krum import Krum, MultiKrum
+from fedlightning.server.norm_bound import NormBound
 from fedlightning.server.scaffold import Scaffold
 
 __all__ = [
-    "Aggregator", "FedAdam", "FedAvg", "FedAvgM", "FedCross", "FedNova", "InCo",
-    "Scaffold",
+    "Aggregator", "CenteredClipping", "FedAdam", "FedAvg", "FedAvgM", "FedCross", "FedNova",
+    "GeometricMedian", "InCo", "Krum", "MultiKrum", "NormBound", "Scaffold",
 ]  # fmt: skip

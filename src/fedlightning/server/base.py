@@ -235,6 +235,13 @@ class Aggregator(RecordsInitArgs, ABC):
         """Receive the states asked for by :meth:`initial_states_needed`."""
         raise NotImplementedError(f"{type(self).__name__} asks for no initial states")
 
+    def check_byzantine(self, per_round: int, byzantine: int) -> None:  # noqa: B027 (optional)
+        """Start-up hands the aggregator the run's clients per round ``per_round`` (n) and the most
+        malicious clients any round of the run holds, ``byzantine`` (f, from ``loop.attack``; 0
+        without one): raise a ConfigurationError naming the option when f is beyond the rule's
+        breakdown point (docs/algorithms.md section 8, "Breakdown points"). Nothing by default: a
+        mean has no breakdown point, it is the baseline an attack breaks."""
+
     def round_metrics(self) -> dict[str, float]:
         """Server-side statistics of the last aggregated round, added to the loop's metrics row
         (e.g. InCo's theta/beta); none by default."""

@@ -12,6 +12,7 @@ from typing import Literal
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.server.base import Aggregator, ClientKeyList, ClientKeys, group_keys, restrict
+from fedlightning.server.breakdown import require_honest_majority, require_trimmed
 from fedlightning.server.functional import (
     clip_update,
     coordinate_median,
@@ -125,6 +126,19 @@ class FedAvg(Aggregator):
                 "own the same keys, but these client groups own different keys: use 'mean' (the "
                 "owner-aware mean)"
             )
+
+    def check_byzantine(self, per_round: int, byzantine: int) -> None:
+        """The robust options' breakdown points (docs/algorithms.md section 8, "Breakdown
+        points"): the median and clipping need an honest majority, the trimmed mean
+        ``floor(trim_beta * n) >= f``; the plain mean checks nothing (the baseline)."""
+        if byzantine == 0:
+            return
+        if self.aggregation == "trimmed_mean":
+            require_trimmed("loop.aggregator.init_args.trim_beta", self.trim_beta, per_round,
+                            byzantine)  # fmt: skip
+        elif self.aggregation == "median" or self.clip_norm is not None:
+            rule = "the median" if self.aggregation == "median" else "norm clipping"
+            require_honest_majority(f"{type(self).__name__} ({rule})", per_round, byzantine)
 
     @property
     def grouped(self) -> bool:

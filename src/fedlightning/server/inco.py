@@ -258,6 +258,9 @@ class InCo(Aggregator):
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
         return self.inner.configure_round(round_index, client_ids)
 
+    def check_byzantine(self, per_round: int, byzantine: int) -> None:
+        self.inner.check_byzantine(per_round, byzantine)
+
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
         inner, old = self.inner, self.inner.weights
         inner.aggregate(round_index, uploads)

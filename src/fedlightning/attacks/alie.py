@@ -1,0 +1,66 @@
+""" "A little is enough": Baruch, Baruch, Goldberg, "A Little Is Enough: Circumventing Defenses
+For Distributed Learning", NeurIPS 2019, arXiv:1902.06156 (Algorithm 3). docs/algorithms.md
+section 8.1."""
+
+from __future__ import annotations
+
+from fedlightning.attacks.base import PREFIX, Attack, AttackRound
+from fedlightning.attacks.maths import alie_update, alie_z
+from fedlightning.errors import ConfigurationError, require
+from fedlightning.protocol import StateDict
+from fedlightning.server.summation import wide
+
+
+class ALIE(Attack):
+    """Every malicious upload becomes ``w_i' = w + mu - z sigma``: per coordinate, ``mu`` and
+    ``sigma`` are the mean and sample standard deviation of the round's updates
+    ``u_j = w_j - w`` as trained (every sampled client's: the malicious clients trained honestly
+    on their own data too, the attackers' estimate of the honest distribution; with them all
+    known, the omniscient form of the attack). ``z`` is the paper's, from the round's ``n``
+    uploads and ``m`` malicious ones (:func:`~fedlightning.attacks.maths.alie_z`), unless set.
+
+    Each coordinate stays within ``z`` standard deviations of the honest mean, inside what
+    coordinate-wise and distance-based defenses accept, and all malicious uploads agree, so they
+    pull the robust statistic the same way every round.
+
+    Args:
+        fraction, clients: the malicious clients (:class:`~fedlightning.attacks.base.Attack`).
+        z: the deviation in standard deviations, >= 0; ``null``: the paper's formula per round
+            (start-up then refuses a round with a malicious majority, where it has no value).
+    """
+
+    def __init__(
+        self, fraction: float = 0.0, clients: list[int] | None = None, z: float | None = None
+    ) -> None:
+        super().__init__(fraction, clients)
+        require(z is None or z >= 0, f"{PREFIX}.z", z, "null or a number >= 0")
+        self.z = z
+
+    def check_round(self, per_round: int, byzantine: int) -> None:
+        if self.z is None and 2 * byzantine > per_round:
+            raise ConfigurationError(
+                f"loop.attack=ALIE with {PREFIX}.z=null takes z from the honest supporters the "
+                f"attackers need, but a round of this run can hold {byzantine} malicious of "
+                f"{per_round} clients, a majority that needs none: set {PREFIX}.z"
+            )
+
+    def corrupt(self, attack_round: AttackRound) -> list[StateDict]:
+        uploads, references = attack_round.uploads, attack_round.references
+        count = sum(attack_round.malicious)
+        if count == 0:
+            return [u.weights for u in uploads]
+        z = self.z if self.z is not None else alie_z(len(uploads), count)
+        updates = [
+            {k: wide(v) - wide(ref[k]) for k, v in u.weights.items() if v.is_floating_point()}
+            for u, ref in zip(uploads, references, strict=True)
+        ]
+        shift = alie_update(updates, z)
+        return [
+            {
+                k: (wide(ref[k]) + shift[k]).to(v.dtype) if v.is_floating_point() else v
+                for k, v in upload.weights.items()
+            }
+            if bad
+            else upload.weights
+            for upload, ref, bad in zip(uploads, references, attack_round.malicious, strict=True)
+        ]
