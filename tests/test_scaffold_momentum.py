@@ -189,7 +189,7 @@ class _Partial(ScaffoldClient):
     [
         (_Scheduled, r"_Scheduled.configure_optimizers\(\) gives the LR scheduler StepLR"),
         (_Dampened, r"SGD with dampening=0.1.*use dampening=0"),
-        (_Adam, r"optimizers \['Adam'\].*use one torch.optim.SGD"),
+        (_Adam, r"the optimizer Adam.*use torch.optim.SGD"),
         (_StepScheduled, r"gives the LR scheduler StepLR.*step size must stay fixed"),
         (_TwoLearningRates, r"parameter groups with different \(lr, momentum, nesterov\)"),
         (_Partial, r"an optimizer without the trainable parameters \['network"),

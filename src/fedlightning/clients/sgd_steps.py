@@ -10,14 +10,13 @@ them, the settings under which ``a lr`` is not the movement of a constant gradie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
 
 from fedlightning.errors import ConfigurationError
+from fedlightning.optim_config import split_optimizers
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
@@ -68,20 +67,6 @@ class SGDRule:
     nesterov: bool
 
 
-def _found(returned: Any, kind: type) -> list[Any]:
-    """Every ``kind`` object in what ``configure_optimizers`` returned, in any of Lightning's forms
-    (an optimizer, lists, ``([optimizers], [schedulers])``, dicts and scheduler config dicts):
-    the forms themselves are checked where the fit reads them (:func:`fedlightning.fit.
-    split_optimizers`)."""
-    if isinstance(returned, kind):
-        return [returned]
-    if isinstance(returned, Mapping):
-        return [found for value in returned.values() for found in _found(value, kind)]
-    if isinstance(returned, list | tuple):
-        return [found for value in returned for found in _found(value, kind)]
-    return []
-
-
 def sgd_rule(objective: ClientModule, why: str) -> SGDRule:
     """The SGD settings of the optimizer ``objective.configure_optimizers()`` builds (what every
     backend fits with), or a ConfigurationError naming what ``a lr`` cannot describe: another
@@ -90,20 +75,19 @@ def sgd_rule(objective: ClientModule, why: str) -> SGDRule:
     trainable parameter the optimizer does not step. ``why`` says what needs the rule (for the
     message). Weight decay is allowed: it is part of the gradient SGD feeds its momentum."""
     name = type(objective).__name__
-    returned = objective.configure_optimizers()
-    optimizers = _found(returned, torch.optim.Optimizer)
-    schedulers = _found(returned, LRScheduler)
+    optimizer, schedulers = split_optimizers(
+        objective.configure_optimizers(), f"{name}.configure_optimizers"
+    )
 
     def refuse(what: str, fix: str) -> None:
         raise ConfigurationError(
             f"{name}.configure_optimizers() gives {what}, but {why} (docs/algorithms.md 1.4): {fix}"
         )
 
-    if len(optimizers) != 1 or type(optimizers[0]) is not torch.optim.SGD:
-        refuse(f"optimizers {[type(o).__name__ for o in optimizers]}", "use one torch.optim.SGD")
-    optimizer = optimizers[0]
+    if type(optimizer) is not torch.optim.SGD:
+        refuse(f"the optimizer {type(optimizer).__name__}", "use torch.optim.SGD")
     if schedulers:
-        names = ", ".join(type(s).__name__ for s in schedulers)
+        names = ", ".join(type(s.scheduler).__name__ for s in schedulers)
         refuse(
             f"the LR scheduler {names}",
             "the step size must stay fixed during a client fit; drop the scheduler",
