@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +24,7 @@ from lightning.fabric import Fabric
 
 from fedlightning.compute import FABRIC_PRECISIONS, Compute, canonical
 from fedlightning.errors import ConfigurationError
+from fedlightning.privacy.dp_sgd_fit import DPSGDFit
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
 from fedlightning.seeding import derive_seed, seed_fit
 from fedlightning.training import lean_trainer
@@ -152,12 +154,18 @@ class ClientFitter:
             model.to(self.device)
         model.begin_client(job.client_id, job.payload, job.state)
         batches = dm.client_train_dataloader(job.client_id, fit_seed)
+        num_samples = dm.client_num_samples(job.client_id)
+        if self.config.dp_sgd is not None:  # sample-level DP: docs/algorithms.md section 7.2
+            optimizer, schedulers = split_optimizers(model.configure_optimizers())
+            dp_fit = DPSGDFit(self.config, batches, fit_seed, self.device)
+            num_steps = dp_fit.run(model, optimizer, partial(_step_schedulers, schedulers))
+            return dp_fit.account(fit_result(model, job, num_samples, num_steps), job.state)
         reason = trainer_reason(model, self.config.precision)
         if self.config.fit_with == "trainer" or reason is not None:
             num_steps = self._trainer_fit(model, batches)
         else:
             num_steps = self._fabric_fit(model, batches)
-        return fit_result(model, job, dm.client_num_samples(job.client_id), num_steps)
+        return fit_result(model, job, num_samples, num_steps)
 
     def _trainer_fit(self, model: ClientModule, batches: Iterable[Any]) -> int:
         config = self.config
@@ -252,4 +260,3 @@ def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps:
         metrics=model.client_metrics(),
     )
     return FitResult(upload, state)
-

@@ -119,6 +119,8 @@ class FitConfig:
             (a lean Lightning Trainer for every fit).
         num_threads: torch intra-op threads (``None``: torch's default).
         onednn: use oneDNN CPU kernels.
+        dp_sgd: DP-SGD's options as plain data (``loop.dp_sgd``,
+            :meth:`fedlightning.privacy.DPSGD.settings`); ``None``: no sample-level DP.
     """
 
     local_epochs: int = 1
@@ -131,3 +133,4 @@ class FitConfig:
     fit_with: Literal["auto", "trainer"] = "auto"
     num_threads: int | None = None
     onednn: bool = False
+    dp_sgd: dict[str, Any] | None = None
