@@ -49,10 +49,10 @@ def clipped_sum(
     adaptive clipping, Andrew et al. Algorithm 1).
 
     >>> server = {"w": torch.zeros(2)}
-    >>> total, unclipped = clipped_sum(server, [{"w": torch.tensor([3.0, 4.0])},
-    ...                                         {"w": torch.tensor([0.3, 0.4])}], clip_norm=1.0)
+    >>> total, unclipped = clipped_sum(server, [{"w": torch.tensor([3.0, 4.0])},   # norm 5: halved
+    ...                                         {"w": torch.tensor([0.5, 0.5])}], clip_norm=2.5)
     >>> total["w"].tolist(), int(unclipped)
-    ([0.9, 1.2000000000000002], 1)
+    ([2.0, 2.5], 1)
     """
     total: StateDict = {}
     device = next(iter(server.values())).device
@@ -109,7 +109,7 @@ def update_noise_multiplier(noise_multiplier: float, count_noise_std: float) -> 
     noise multiplier ``z``. Needs ``2 sigma_b > z``.
 
     >>> round(update_noise_multiplier(1.0, 10.0), 6)  # (1 - 1/400)^(-1/2)
-    1.001253
+    1.001252
     """
     if not 2 * count_noise_std > noise_multiplier:
         raise ValueError(
