@@ -16,6 +16,7 @@ from opacus.accountants import RDPAccountant  # noqa: E402
 
 from conftest import run_cli  # noqa: E402
 from fedlightning.loop.sampling import poisson_sample_clients, sample_clients  # noqa: E402
+from fedlightning.privacy import calibrate_noise  # noqa: E402
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 AGG = "--loop.aggregator"
@@ -148,6 +149,29 @@ def test_bad_privacy_option_is_refused_before_anything_is_written(tmp_path, caps
     assert re.search(message, err, re.S), err[-2000:]
     assert "Traceback" not in err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow  # two calibrations by Opacus's bisection: about 20 to 40 s each
+def test_target_epsilon_calibrates_the_noise_for_the_planned_rounds(tmp_path, capsys):
+    """target_epsilon=3 over tiny.yaml's 4 rounds at q = 1/2: the calibrated z is Opacus's, the
+    4th round's epsilon is at most 3 (within the bisection's 0.01), the run does not stop early,
+    and a resume planned for more rounds (another z) is refused."""
+    calibrated = [*DP, f"{AGG}.init_args.noise_multiplier", "null",
+                  f"{AGG}.init_args.target_epsilon", "3", "--loop.local_steps", "1"]  # fmt: skip
+    rows = run_cli(tmp_path / "run", *calibrated)
+    z = calibrate_noise(3.0, 1e-5, 0.5, 4)
+    assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]
+    assert all(float(r["dp_noise_multiplier"]) == pytest.approx(z, rel=1e-12) for r in rows)
+    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(opacus_epsilon(z, 0.5, 4, 1e-5))
+    assert 2.99 <= float(rows[-1]["dp_epsilon"]) <= 3.0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path / "run", *calibrated, "--loop.rounds", "8",
+                "--ckpt_path", str(tmp_path / "run" / "last.ckpt"))  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "resume with the loop.rounds the checkpoint's run was planned for" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow  # the whole config: 60 rounds of about 40 clients (a few minutes)
