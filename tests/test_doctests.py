@@ -22,6 +22,8 @@ MODULES = [
     "fedlightning.server.summation",
     "fedlightning.cofed.voting",
     "fedlightning.cofed.participants",
+    "fedlightning.privacy.client_dp_maths",
+    "fedlightning.loop.sampling",
 ]
 
 

@@ -13,7 +13,7 @@ layer  packages and top-level modules
 0      errors seeding gc_tuning protocol placement metrics compute training state tracking
        recorded_args optim_config
 1      models data server analysis
-2      clients run_config attacks
+2      clients run_config attacks privacy
 3      fit
 4      flower_app
 5      backends

@@ -32,6 +32,7 @@ from fedlightning.attacks.labels import training_batches
 from fedlightning.compute import FABRIC_PRECISIONS, PRECISION_PATHS, Compute, canonical
 from fedlightning.optim_config import split_optimizers, step_schedulers
 from fedlightning.placement import move
+from fedlightning.privacy.dp_sgd_fit import DPSGDFit
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
 from fedlightning.seeding import derive_seed, seed_fit
 from fedlightning.training import lean_trainer
@@ -105,12 +106,18 @@ class ClientFitter:
             model.to(self.device)
         model.begin_client(job.client_id, job.payload, job.state)
         batches = training_batches(dm, job.client_id, fit_seed, self.config)
+        num_samples = dm.client_num_samples(job.client_id)
+        if self.config.dp_sgd is not None:  # sample-level DP: docs/algorithms.md section 7.2
+            optimizer, schedulers = split_optimizers(model.configure_optimizers())
+            dp_fit = DPSGDFit(self.config, batches, fit_seed, self.device)
+            num_steps = dp_fit.run(model, optimizer, partial(step_schedulers, schedulers))
+            return dp_fit.account(fit_result(model, job, num_samples, num_steps), job.state)
         path = self.path(model)
         if path == "trainer":
             num_steps = self._trainer_fit(model, batches)
         else:
             num_steps = self._optimize(model, batches, lean=path == "lean")
-        return fit_result(model, job, dm.client_num_samples(job.client_id), num_steps)
+        return fit_result(model, job, num_samples, num_steps)
 
     def path(self, model: ClientModule) -> Literal["trainer", "fabric", "lean"]:
         """How ``model``'s fits run: ``trainer`` (``fit_with='trainer'`` or

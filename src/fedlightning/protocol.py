@@ -122,6 +122,8 @@ class FitConfig:
         label_flip_clients: the clients whose fits train on flipped labels ``y -> C - 1 - y`` (a
             :class:`fedlightning.attacks.LabelFlip` attack, resolved at start-up; it travels
             with the config so that every backend's workers apply it).
+        dp_sgd: DP-SGD's options as plain data (``loop.dp_sgd``,
+            :meth:`fedlightning.privacy.DPSGD.settings`); ``None``: no sample-level DP.
     """
 
     local_epochs: int = 1
@@ -134,6 +136,7 @@ class FitConfig:
     fit_with: Literal["auto", "trainer"] = "auto"
     num_threads: int | None = None
     onednn: bool = False
+    dp_sgd: dict[str, Any] | None = None
     label_flip_clients: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:

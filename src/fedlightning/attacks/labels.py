@@ -49,6 +49,16 @@ class FlippedLabels:
     def __len__(self) -> int:
         return len(self.batches)  # type: ignore[arg-type]
 
+    # the client's whole data as tensors, for fits that sample their own batches (DP-SGD's
+    # Poisson batches): an AttributeError when ``batches`` has none, as without the attack
+    @property
+    def x(self) -> torch.Tensor:
+        return self.batches.x  # type: ignore[attr-defined]
+
+    @property
+    def y(self) -> torch.Tensor:
+        return flip_labels(self.batches.y, self.num_classes)  # type: ignore[attr-defined]
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for x, y in self.batches:
             yield x, flip_labels(y, self.num_classes)

@@ -89,6 +89,10 @@ class CohortBackend(Backend):
     """Trains every sampled client of a round at once (see the module docstring)."""
 
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
+        if config.dp_sgd is not None:
+            _refuse(
+                "it steps each client on its batch gradient, and loop.dp_sgd needs per-sample ones"
+            )
         reason = trainer_reason(model, compute.precision)
         if reason is not None:
             _refuse(f"it vectorizes local_loss, and {reason}")

@@ -30,11 +30,13 @@ from fedlightning.loop.failures import check_for_bug, sort_results
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
-from fedlightning.loop.sampling import sample_clients
+from fedlightning.loop.sampling import round_clients
 from fedlightning.loop.server_guard import ServerGuard
 from fedlightning.loop.startup import check_arguments, open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
 from fedlightning.loop.targets import TargetTracker
+from fedlightning.privacy import DPSGD
+from fedlightning.privacy.report import PrivacyReport
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
@@ -123,6 +125,14 @@ class FederatedLoop:
         attack: Byzantine clients for robustness experiments (``fedlightning.attacks``: a seeded
             fraction or a list of malicious clients and what they do; docs/algorithms.md section
             8.1); every evaluated row then has ``malicious_uploads``. Null: none.
+        client_sampling: ``fixed``: ``clients_per_round`` clients a round, drawn uniformly
+            without replacement; ``poisson``: each client independently with probability
+            ``q = clients_per_round / num_clients`` (or the fraction given), so a round may have
+            none (it trains no client and aggregates only under client-level DP). Both from
+            ``(seed, round)`` (:mod:`fedlightning.loop.sampling`); ``poisson`` is what
+            ``fedlightning.privacy.ClientLevelDP`` needs (docs/algorithms.md section 7.1).
+        dp_sgd: sample-level differential privacy in every client fit
+            (:class:`fedlightning.privacy.DPSGD`, docs/algorithms.md section 7.2); null: off.
     """
 
     def __init__(
@@ -162,6 +172,8 @@ class FederatedLoop:
         max_skipped_fraction: float = 0.5,
         target_acc: float | None = None,
         attack: Attack | None = None,
+        client_sampling: Literal["fixed", "poisson"] = "fixed",
+        dp_sgd: DPSGD | None = None,
     ) -> None:
         self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
         check_arguments(**self.init_args)
@@ -175,7 +187,10 @@ class FederatedLoop:
             accelerator=accelerator, seed=seed, gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm, fit_with=fit_with,
             num_threads=num_threads, onednn=onednn,
+            dp_sgd=dp_sgd.settings() if dp_sgd is not None else None,
         )  # fmt: skip
+        self.client_sampling = client_sampling
+        self.privacy = PrivacyReport(dp_sgd.delta if dp_sgd is not None else None)
         self.seed = seed
         self.eval_every = eval_every
         self.val_clients = val_clients
@@ -253,6 +268,7 @@ class FederatedLoop:
         meters = checkpoint.get("meters", {})
         self.communication.load_state_dict(meters.get("communication", {}))
         self.target.load_state_dict(meters.get("target", {}))
+        self.privacy.load_state_dict(meters.get("privacy", {}))
 
     # -- the rounds -----------------------------------------------------------------------------
     def _run(self, model: ClientModule, dm: FederatedDataModule, run: RunState) -> dict[str, float]:
@@ -264,7 +280,7 @@ class FederatedLoop:
             writer.close(raise_error=False)
             raise
         writer.close()  # and before global.pt
-        return self._finish(metrics, unsaved, started)
+        return self._finish(metrics, unsaved, started, dm.num_clients)
 
     def _rounds(
         self, model: ClientModule, dm: FederatedDataModule, run: RunState, writer: CheckpointWriter
@@ -280,32 +296,42 @@ class FederatedLoop:
             for r in range(start_round, self.rounds):
                 round_start = time.perf_counter()
                 writer.poll()  # a failed background checkpoint write stops the run here
-                client_ids = sample_clients(self.seed, r, dm.num_clients, per_round)
+                client_ids = round_clients(
+                    self.client_sampling, self.seed, r, dm.num_clients, per_round, run.sampling_rate
+                )
                 payloads = self.aggregator.configure_round(r, client_ids)
                 jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
-                with self.reporter.watch_round(r, len(jobs)):
-                    results = run.server.arrivals(self.backend.run(r, jobs))
+                with self.reporter.watch_round(r, len(jobs)):  # Poisson sampling may draw none
+                    results = run.server.arrivals(self.backend.run(r, jobs)) if jobs else {}
                 traffic = self.communication.count(jobs, results)
                 outcome = sort_results(
                     r, client_ids, results, payloads, self.summary,
                     frozenset(self.aggregator.required_upload_extras), self.precision,
                 )  # fmt: skip
-                check_for_bug(r, r == start_round, outcome)
+                if jobs:
+                    check_for_bug(r, r == start_round, outcome)
                 for cid, result in outcome.results:
                     self.store.put(cid, result.state)
+                self.privacy.update(outcome.results)
                 uploads = outcome.uploads
                 if run.adversary is not None:  # one place for every backend: after the fits
                     uploads = run.adversary.corrupt(r, uploads, payloads)
-                self.summary.record_round(len(uploads) >= self.min_clients)
-                if len(uploads) >= self.min_clients:
+                # client-level DP releases every round, also one with no upload
+                aggregates = len(uploads) >= self.min_clients or (
+                    self.aggregator.releases_every_round
+                )
+                self.summary.record_round(aggregates, drew_clients=bool(jobs))
+                if aggregates:
                     guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
+                elif not jobs:  # Poisson sampling drew no client: nothing failed
+                    log.info("round %d: Poisson sampling drew no client", r + 1)
                 elif self.on_round_failure == "stop":
                     writer.wait()  # the message names the checkpoint on disk
-                    self._stop(r, len(uploads), per_round)
+                    self._stop(r, len(uploads), len(jobs))
                 else:
                     log.warning(
                         "round %d: only %d of %d clients succeeded (min_clients=%d): aggregation skipped",
-                        r + 1, len(uploads), per_round, self.min_clients,
+                        r + 1, len(uploads), len(jobs), self.min_clients,
                     )  # fmt: skip
                 last = r == self.rounds - 1
                 if (r + 1) % self.eval_every == 0 or last:
@@ -328,6 +354,7 @@ class FederatedLoop:
                         **traffic,
                         **self.aggregator.round_metrics(),
                         **(run.adversary.round_metrics(uploads) if run.adversary else {}),
+                        **self.privacy.metrics(dm.num_clients),
                     }
                     self.target.add_time(metrics["round_time_s"])
                     if guard.evaluation_failed(r, metrics):  # state restored, row not logged
@@ -345,14 +372,17 @@ class FederatedLoop:
         return metrics, guard.final_model_problem(self.aggregator.global_state()), started
 
     def _finish(
-        self, metrics: dict[str, float], unsaved: str | None, started: float
+        self, metrics: dict[str, float], unsaved: str | None, started: float, num_clients: int
     ) -> dict[str, float]:
         """After the rounds and their last checkpoint write: ``global.pt`` (unless ``unsaved``
-        says why not), the summary and the run's verdict."""
+        says why not), the summary (privacy spent over the ``num_clients`` clients) and the run's
+        verdict."""
         if unsaved is None:
             atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
         self.reporter.close()
-        self.reporter.summary(self.summary.lines())
+        self.reporter.summary(
+            [*self.summary.lines(), *self.privacy.lines(self.aggregator, num_clients)]
+        )
         failure = unsaved or self.summary.verdict(self.max_skipped_fraction)
         if failure is not None:
             raise RunStopped(f"run failed: {failure}; results are in {self.run_dir}")
@@ -374,7 +404,8 @@ class FederatedLoop:
         checkpoint = make_checkpoint(
             rounds_done, run.identity, self.aggregator.state_dict(), self.store.state_dict(),
             self.history, {"wandb": self.reporter.wandb_id()},
-            {"communication": self.communication.state_dict(), "target": self.target.state_dict()},
+            {"communication": self.communication.state_dict(), "target": self.target.state_dict(),
+             "privacy": self.privacy.state_dict()},
         )  # fmt: skip
         path = self.run_dir / "last.ckpt"
 

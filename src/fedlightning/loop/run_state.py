@@ -24,6 +24,8 @@ class RunState:
     Attributes:
         clients_per_round: K, the clients sampled per round (``loop.clients_per_round`` resolved
             against the number of clients).
+        sampling_rate: q, the probability that a client takes part in a round (K / N, or the
+            fraction given; the rate of ``loop.client_sampling: poisson``).
         compute: the run's device, precision and autocast, resolved once; the backend, the
             evaluation and the server placement read it.
         server: places the server state on ``compute.device``.
@@ -45,6 +47,7 @@ class RunState:
     """
 
     clients_per_round: int
+    sampling_rate: float
     compute: Compute
     server: ServerDevice
     identity: dict[str, Any]

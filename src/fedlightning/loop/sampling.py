@@ -1,4 +1,10 @@
-"""Which clients take part in a round: a function of ``(seed, round)`` only."""
+"""Which clients take part in a round: a function of ``(seed, round)`` only.
+
+Two rules (``loop.client_sampling``): ``fixed`` draws ``clients_per_round`` distinct clients
+uniformly without replacement; ``poisson`` takes each client independently with probability
+``q`` (so the number varies from round to round, and may be 0), the sampling Opacus's accountants
+assume for client-level differential privacy (docs/algorithms.md section 7.1).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,13 @@ import math
 
 import torch
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, require
 from fedlightning.seeding import derive_seed
+from fedlightning.server.base import Aggregator
+from fedlightning.server.fedcross import FedCross
+
+#: the values of ``loop.client_sampling``
+SAMPLINGS = ("fixed", "poisson")
 
 
 def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
@@ -15,6 +26,49 @@ def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int
     replacement from a generator seeded by ``(seed, round_index)`` only, in draw order."""
     gen = torch.Generator().manual_seed(derive_seed(seed, "sample", round_index))
     return torch.randperm(num_clients, generator=gen)[:per_round].tolist()
+
+
+def poisson_sample_clients(seed: int, round_index: int, num_clients: int, rate: float) -> list[int]:
+    """The clients of round ``round_index`` under Poisson sampling: each of the ``num_clients``
+    independently with probability ``rate`` (one uniform draw per client, in float64, from a
+    generator seeded by ``(seed, round_index)`` only), in increasing order; possibly none.
+
+    >>> poisson_sample_clients(0, 3, 10, 1.0)
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    >>> poisson_sample_clients(0, 3, 10, 0.5) == poisson_sample_clients(0, 3, 10, 0.5)
+    True
+    """
+    gen = torch.Generator().manual_seed(derive_seed(seed, "poisson-sample", round_index))
+    draws = torch.rand(num_clients, generator=gen, dtype=torch.float64)
+    return (draws < rate).nonzero().flatten().tolist()
+
+
+def round_clients(
+    sampling: str, seed: int, round_index: int, num_clients: int, per_round: int, rate: float
+) -> list[int]:
+    """The clients of round ``round_index`` by the rule ``sampling`` (``fixed``: ``per_round`` of
+    them; ``poisson``: each with probability ``rate``)."""
+    if sampling == "poisson":
+        return poisson_sample_clients(seed, round_index, num_clients, rate)
+    return sample_clients(seed, round_index, num_clients, per_round)
+
+
+def sampling_rate(value: int | float, num_clients: int) -> float:
+    """q, the probability that a given client takes part in a round: ``clients_per_round / N`` for
+    an integer, the fraction itself for a float (``fixed`` sampling: K / N; ``poisson``: the rate
+    each client is drawn with)."""
+    return value / num_clients if isinstance(value, int) else float(value)
+
+
+def check_sampling(sampling: str, aggregator: Aggregator) -> None:
+    """Raise a ConfigurationError unless ``sampling`` is a known rule that ``aggregator`` serves
+    (FedCross trains exactly ``clients_per_round`` middleware models a round)."""
+    require(sampling in SAMPLINGS, "loop.client_sampling", sampling, "'fixed' or 'poisson'")
+    if sampling == "poisson" and isinstance(aggregator, FedCross):
+        raise ConfigurationError(
+            f"loop.client_sampling='poisson' draws a varying number of clients a round, but "
+            f"{type(aggregator).__name__} needs exactly clients_per_round of them: use 'fixed'"
+        )
 
 
 def clients_per_round(value: int | float, num_clients: int, min_clients: int) -> int:

@@ -29,6 +29,7 @@ from fedlightning.compute import PRECISIONS, Compute
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError, require
+from fedlightning.fit import trainer_reason
 from fedlightning.loop.byzantine import prepare_attack
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator, check_seed
@@ -37,8 +38,10 @@ from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import check_run_dir, resumes_in, write_marked
-from fedlightning.loop.sampling import clients_per_round
+from fedlightning.loop.sampling import SAMPLINGS, check_sampling, clients_per_round, sampling_rate
 from fedlightning.loop.server_device import ServerDevice
+from fedlightning.privacy.checks import check_privacy
+from fedlightning.privacy.dp_sgd import DPSGD
 from fedlightning.run_config import config_yaml, resolved_config
 from fedlightning.training import quiet_lightning
 
@@ -73,10 +76,20 @@ def check_arguments(
     max_skipped_fraction: float,
     target_acc: float | None,
     attack: Any,
+    client_sampling: str,
+    dp_sgd: Any,
     **_: Any,
 ) -> None:
     """Check the FederatedLoop's arguments (the others are checked where they are used)."""
     check_seed(seed)
+    require(
+        client_sampling in SAMPLINGS,
+        "loop.client_sampling", client_sampling, f"one of {', '.join(SAMPLINGS)}",
+    )  # fmt: skip
+    require(
+        dp_sgd is None or isinstance(dp_sgd, DPSGD),
+        "loop.dp_sgd", dp_sgd, "null or a fedlightning.privacy.DPSGD",
+    )  # fmt: skip
     require(
         run_dir is None or bool(str(run_dir).strip()),
         "loop.run_dir", run_dir, "a directory path (an empty one would write into the current folder)",
@@ -166,6 +179,12 @@ def prepare_run(
     check_accelerator(loop.fit_config.accelerator)
     with quiet_lightning():  # no AMP banner (a 16-mixed run on a CPU still warns, once)
         compute = Compute.resolve(loop.fit_config.accelerator, loop.precision)
+    check_sampling(loop.client_sampling, loop.aggregator)
+    rate = sampling_rate(loop.clients_per_round, datamodule.num_clients)
+    check_privacy(
+        loop.aggregator, model, loop.fit_config, trainer_reason(model, loop.precision),
+        loop.client_sampling, rate, loop.rounds, loop.min_clients,
+    )  # fmt: skip
     loop.backend.check(model, fit_config, compute)
     validate_datamodule(datamodule)
     model.prepare_clients(datamodule)
@@ -196,9 +215,10 @@ def prepare_run(
         # loaded: the run keeps no second copy of the server and client state
         checkpoint = {k: v for k, v in checkpoint.items() if k not in ("aggregator", "clients")}
     return RunState(
-        clients_per_round=per_round, compute=compute, server=server, identity=identity,
-        checkpoint=checkpoint, resumes_in_place=resuming, first_round=rounds_done,
-        last_checkpoint=last_checkpoint, fit_config=fit_config, adversary=adversary,
+        clients_per_round=per_round, sampling_rate=rate, compute=compute, server=server,
+        identity=identity, checkpoint=checkpoint, resumes_in_place=resuming,
+        first_round=rounds_done, last_checkpoint=last_checkpoint, fit_config=fit_config,
+        adversary=adversary,
     )  # fmt: skip
 
 

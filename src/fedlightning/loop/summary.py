@@ -30,6 +30,7 @@ class RunSummary:
     def __init__(self) -> None:
         self.rounds_aggregated = 0
         self.rounds_skipped = 0
+        self.rounds_empty = 0  # Poisson sampling drew no client (loop.client_sampling)
         self.failures: dict[str, _Failure] = {}
         self.rejections: dict[str, _Failure] = {}
         self.failed_rounds: dict[str, _Failure] = {}  # by reason (loop.server_guard)
@@ -69,9 +70,13 @@ class RunSummary:
             seen.count += len(cids)
             seen.clients.update(cids)
 
-    def record_round(self, aggregated: bool) -> None:
+    def record_round(self, aggregated: bool, drew_clients: bool = True) -> None:
+        """A round that ``aggregated`` or not; one that drew no client (Poisson sampling) and
+        did not aggregate is no failure: it counts apart, not as skipped."""
         if aggregated:
             self.rounds_aggregated += 1
+        elif not drew_clients:
+            self.rounds_empty += 1
         else:
             self.rounds_skipped += 1
 
@@ -97,6 +102,8 @@ class RunSummary:
             f"summary: {self.rounds_aggregated} round(s) aggregated, {self.rounds_skipped} "
             f"skipped; {failed} client fit(s) failed, {rejected} upload(s) rejected"
         ]
+        if self.rounds_empty:
+            lines.append(f"  {self.rounds_empty} round(s) drew no client (Poisson sampling)")
         for text, seen in self.failures.items():
             lines.append(
                 f"  failed {seen.count}x ({len(seen.clients)} client(s), first in round "
@@ -113,7 +120,7 @@ class RunSummary:
 
     def verdict(self, max_skipped_fraction: float) -> str | None:
         """Why this run failed, or None if it did not."""
-        if self.rounds_trained == 0:
+        if self.rounds_trained == 0 and not self.rounds_empty:
             return None  # a resumed run with nothing left to train
         if self.rounds_aggregated == 0:
             return (

@@ -113,6 +113,9 @@ class Aggregator(RecordsInitArgs, ABC):
     client_keys: list[ClientKeys] | None = None
     #: the server state's keys that are trainable parameters (set by :meth:`setup`)
     parameters: frozenset[str] = frozenset()
+    #: every round is a release the loop must aggregate, also one with no upload (client-level
+    #: differential privacy, docs/algorithms.md section 7.1: skipping it would reveal the sample)
+    releases_every_round: bool = False
 
     def setup(
         self,

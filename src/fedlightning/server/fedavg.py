@@ -6,7 +6,7 @@ HeteroAvg (Chan et al., ICLR 2024, arXiv:2308.11464). docs/algorithms.md section
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from fedlightning.errors import ConfigurationError
@@ -72,6 +72,10 @@ class FedAvg(Aggregator):
     #: whether :meth:`server_update`'s values for buffer keys (BatchNorm statistics, counters)
     #: are used; by default buffers always take the mean
     updates_buffers: bool = False
+    #: a differentially private release that replaces the owner-aware mean: ``(round, uploads) ->
+    #: ServerRound`` (set by :class:`fedlightning.privacy.ClientLevelDP` on the aggregator it
+    #: wraps; docs/algorithms.md section 7.1); ``None``: the mean of :meth:`average`
+    private_round: Callable[[int, Sequence[Upload]], ServerRound] | None = None
 
     def __init__(
         self,
@@ -179,7 +183,12 @@ class FedAvg(Aggregator):
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
         if self.grouped:
             uploads = [self._group_upload(u) for u in uploads]
-        server_round = ServerRound.of(round_index, self.average(uploads), uploads, self.parameters)
+        if self.private_round is not None:
+            server_round = self.private_round(round_index, uploads)
+        else:
+            server_round = ServerRound.of(
+                round_index, self.average(uploads), uploads, self.parameters
+            )
         update = self.server_update(server_round)
         new = merge_update(server_round, update, self.updates_buffers, type(self).__name__)
         self.weights = {**self.weights, **new}

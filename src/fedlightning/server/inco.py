@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.protocol import Payload, StateDict, Upload
+from fedlightning.protocol import StateDict, Upload
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.inco_pairs import (
@@ -30,6 +30,7 @@ from fedlightning.server.inco_pairs import (
 )
 from fedlightning.server.inco_stats import pair_products, summarize
 from fedlightning.server.summation import wide
+from fedlightning.server.wrapping import WrappingAggregator
 
 __all__ = [
     "CLIP", "C_MAX", "PAIR_RULES", "VARIANTS", "InCo", "cross_layer_update", "inco_apply",
@@ -145,7 +146,7 @@ def inco_apply(
     return out
 
 
-class InCo(Aggregator):
+class InCo(WrappingAggregator):
     """InCo<Method>: the ``inner`` aggregator's round, then InCo's cross-layer updates of the
     paired deep layers (docs/algorithms.md section 2.4).
 
@@ -231,19 +232,6 @@ class InCo(Aggregator):
         self.explicit_pairs = pairs
         self.pairs: list[tuple[str, str]] = []
 
-    # the loop reads these from the instance: they are the inner aggregator's
-    @property
-    def payload_extras(self) -> frozenset[str]:  # type: ignore[override]
-        return self.inner.payload_extras
-
-    @property
-    def required_upload_extras(self) -> frozenset[str]:  # type: ignore[override]
-        return self.inner.required_upload_extras
-
-    @property
-    def weighting(self) -> str:
-        return self.inner.weighting
-
     def on_setup(self, initial: StateDict) -> None:
         self.inner.setup(
             initial, self.num_clients, self.seed, self.client_keys, parameters=self.parameters
@@ -254,12 +242,6 @@ class InCo(Aggregator):
                 f"aggregator.pair_rule={self.pair_rule!r} finds no layer pairs in this model: InCo needs "
                 "ResNet stages or ViT blocks, a registered rule, or explicit aggregator.pairs"
             )
-
-    def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
-        return self.inner.configure_round(round_index, client_ids)
-
-    def check_byzantine(self, per_round: int, byzantine: int) -> None:
-        self.inner.check_byzantine(per_round, byzantine)
 
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
         inner, old = self.inner, self.inner.weights
@@ -278,15 +260,6 @@ class InCo(Aggregator):
 
     def round_metrics(self) -> dict[str, float]:
         return summarize(self._products)
-
-    def global_state(self) -> StateDict:
-        return self.inner.global_state()
-
-    def deployables(self) -> dict[str, StateDict]:
-        return self.inner.deployables()
-
-    def declared_states(self) -> dict[str, str]:
-        return self.inner.declared_states()
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

@@ -1,0 +1,64 @@
+"""What a run reports of the privacy it spent (docs/algorithms.md section 7.3): the client-level
+(epsilon, delta) of a :class:`~fedlightning.privacy.ClientLevelDP` aggregator, and the per-client
+epsilons of DP-SGD clients, as metrics columns and lines of the run summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fedlightning.privacy.client_dp import ClientLevelDP
+from fedlightning.privacy.dp_sgd import EPSILON_METRIC
+from fedlightning.protocol import FitResult
+from fedlightning.server.base import Aggregator
+
+
+class PrivacyReport:
+    """The per-client DP-SGD epsilons of a run (from each stored fit result's upload metric
+    ``dp_sgd_epsilon``: the client's own accountant after its last fit), and the summary lines.
+
+    Args:
+        dp_sgd_delta: the DP-SGD clients' delta (``None``: the run has no DP-SGD clients).
+    """
+
+    def __init__(self, dp_sgd_delta: float | None = None) -> None:
+        self.delta = dp_sgd_delta
+        self.epsilons: dict[int, float] = {}
+
+    def update(self, results: Sequence[tuple[int, FitResult]]) -> None:
+        """Take the round's results whose state the ClientStore keeps."""
+        for client_id, result in results:
+            epsilon = result.upload.metrics.get(EPSILON_METRIC)
+            if epsilon is not None:
+                self.epsilons[client_id] = float(epsilon)
+
+    def metrics(self, num_clients: int) -> dict[str, float]:
+        """``dp_sgd_epsilon_max``/``_mean`` over all ``num_clients`` clients (one that never
+        trained spent 0) and ``dp_sgd_delta``; nothing without DP-SGD clients."""
+        if self.delta is None:
+            return {}
+        values = list(self.epsilons.values())
+        return {
+            "dp_sgd_epsilon_max": max(values, default=0.0),
+            "dp_sgd_epsilon_mean": sum(values) / num_clients,
+            "dp_sgd_delta": self.delta,
+        }
+
+    def lines(self, aggregator: Aggregator, num_clients: int) -> list[str]:
+        """The run summary's privacy lines (none for a run without differential privacy)."""
+        lines = [aggregator.summary_line()] if isinstance(aggregator, ClientLevelDP) else []
+        if self.delta is not None:
+            row = self.metrics(num_clients)
+            most, mean = row["dp_sgd_epsilon_max"], row["dp_sgd_epsilon_mean"]
+            lines.append(
+                f"privacy: sample-level DP-SGD, per-client epsilon max {most:.4g}, mean "
+                f"{mean:.4g} over {num_clients} client(s) "
+                f"({len(self.epsilons)} trained), delta={self.delta:g} (Opacus accountant)"
+            )
+        return lines
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epsilons": [[cid, eps] for cid, eps in sorted(self.epsilons.items())]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epsilons = {int(cid): float(eps) for cid, eps in state.get("epsilons", [])}

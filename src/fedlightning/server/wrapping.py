@@ -1,0 +1,46 @@
+"""An aggregator around an inner one (InCo, client-level DP): what the loop reads of it is the
+inner's (docs/algorithms.md sections 2.4 and 7.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fedlightning.protocol import Payload, StateDict
+from fedlightning.server.base import Aggregator
+from fedlightning.server.fedavg import FedAvg
+
+
+class WrappingAggregator(Aggregator):
+    """Base of an aggregator that changes how an inner one aggregates: its payloads, required
+    extras, weighting, models and declared state are the inner's (``self.inner``, a FedAvg
+    subclass); the loop reads them from the instance. A subclass sets ``self.inner``, sets the
+    inner up in ``on_setup`` and writes ``aggregate`` and its state."""
+
+    inner: FedAvg
+
+    @property
+    def payload_extras(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.payload_extras
+
+    @property
+    def required_upload_extras(self) -> frozenset[str]:  # type: ignore[override]
+        return self.inner.required_upload_extras
+
+    @property
+    def weighting(self) -> str:
+        return self.inner.weighting
+
+    def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
+        return self.inner.configure_round(round_index, client_ids)
+
+    def global_state(self) -> StateDict:
+        return self.inner.global_state()
+
+    def deployables(self) -> dict[str, StateDict]:
+        return self.inner.deployables()
+
+    def declared_states(self) -> dict[str, str]:
+        return self.inner.declared_states()
+
+    def check_byzantine(self, per_round: int, byzantine: int) -> None:
+        self.inner.check_byzantine(per_round, byzantine)

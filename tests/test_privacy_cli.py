@@ -1,0 +1,185 @@
+"""Differential privacy through the CLI as a user runs it (docs/algorithms.md section 7): epsilon
+in metrics.csv and the summary equal Opacus's accountant for the run's real (q, z, rounds), a
+resume continues the accountants exactly, Poisson sampling and its empty rounds, and every bad
+privacy option is refused before anything is written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("opacus")
+from opacus.accountants import RDPAccountant  # noqa: E402
+
+from conftest import run_cli  # noqa: E402
+from fedlightning.loop.sampling import poisson_sample_clients, sample_clients  # noqa: E402
+from fedlightning.privacy import calibrate_noise  # noqa: E402
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+AGG = "--loop.aggregator"
+DP = [
+    "--loop.client_sampling", "poisson", AGG, "fedlightning.privacy.ClientLevelDP",
+    f"{AGG}.init_args.noise_multiplier", "1.2", f"{AGG}.init_args.clip_norm", "0.5",
+]  # fmt: skip
+SGD = ["--loop.dp_sgd", "fedlightning.privacy.DPSGD", "--loop.dp_sgd.init_args.noise_multiplier", "1.1"]  # fmt: skip
+
+
+def opacus_epsilon(noise: float, rate: float, steps: int, delta: float) -> float:
+    accountant = RDPAccountant()
+    accountant.history = [(noise, rate, steps)]
+    return accountant.get_epsilon(delta)
+
+
+def test_client_level_epsilon_in_metrics_and_summary(tmp_path, capsys):
+    rows = run_cli(tmp_path / "run", *DP, "--loop.local_steps", "2")
+    # tiny.yaml: 8 clients, clients_per_round 4: Poisson rate q = 4 / 8
+    for row in rows:
+        expected = opacus_epsilon(1.2, 0.5, int(row["round"]), 1e-5)
+        assert float(row["dp_epsilon"]) == pytest.approx(expected, rel=1e-12)
+        assert float(row["dp_delta"]) == 1e-5 and float(row["dp_clip_norm"]) == 0.5
+    assert float(rows[-1]["dp_epsilon"]) > float(rows[0]["dp_epsilon"]) > 0
+    err = capsys.readouterr().err
+    last = opacus_epsilon(1.2, 0.5, 4, 1e-5)
+    assert f"privacy: client-level (epsilon={last:.4g}, delta=1e-05) after 4 round(s)" in err
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def test_resume_continues_the_accountants_exactly(tmp_path):
+    """2 rounds + resume + 2 rounds = 4 rounds straight: the same weights bit for bit, the same
+    client-level epsilon and adaptive clipping norm, the same per-client DP-SGD accountants."""
+    options = [*DP, f"{AGG}.init_args.adaptive_clipping", "true",
+               f"{AGG}.init_args.count_noise_std", "2.0", *SGD, "--loop.local_steps", "2"]  # fmt: skip
+    straight = run_cli(tmp_path / "straight", *options)
+    run_cli(tmp_path / "resumed", *options, "--loop.rounds", "2")
+    resumed = run_cli(
+        tmp_path / "resumed", *options, "--ckpt_path", str(tmp_path / "resumed" / "last.ckpt")
+    )
+    assert (tmp_path / "straight" / "global.pt").read_bytes() == (
+        tmp_path / "resumed" / "global.pt"
+    ).read_bytes()
+    a, b = (
+        torch.load(tmp_path / d / "last.ckpt", weights_only=True) for d in ("straight", "resumed")
+    )
+    assert _equal(a["aggregator"], b["aggregator"]) and _equal(a["clients"], b["clients"])
+    assert a["aggregator"]["privacy"]["accountant"]["history"] == [[1.2, 0.5, 4]]
+    for column in ("dp_epsilon", "dp_clip_norm", "dp_sgd_epsilon_max", "dp_sgd_epsilon_mean"):
+        assert [r[column] for r in straight] == [r[column] for r in resumed]
+    assert float(straight[-1]["dp_sgd_epsilon_max"]) > 0
+
+
+def test_poisson_sampling_is_seeded_and_draws_at_the_rate():
+    assert poisson_sample_clients(3, 7, 50, 0.2) == poisson_sample_clients(3, 7, 50, 0.2)
+    assert poisson_sample_clients(3, 7, 50, 0.2) != poisson_sample_clients(3, 8, 50, 0.2)
+    counts = torch.tensor([len(poisson_sample_clients(0, r, 50, 0.2)) for r in range(2000)])
+    # Binomial(50, 0.2): mean 10, variance 8; the mean of 2,000 rounds within 5 standard errors
+    assert abs(counts.float().mean().item() - 10) < 5 * (8 / 2000) ** 0.5
+    assert abs(counts.float().var().item() - 8) < 1.0
+    assert len(sample_clients(0, 1, 50, 10)) == 10  # the fixed rule is unchanged
+
+
+def test_rounds_that_draw_no_client(tmp_path, capsys):
+    """q = 1/8 over 8 clients: some rounds draw none. Without DP they train nothing and are no
+    failure; under client-level DP every round still releases (and is accounted)."""
+    empty = [r for r in range(12) if not poisson_sample_clients(0, r, 8, 1 / 8)]
+    assert empty  # the seed's draw has empty rounds
+    common = ["--loop.rounds", "12", "--loop.clients_per_round", "1", "--loop.local_steps", "1"]
+    rows = run_cli(tmp_path / "plain", *common, "--loop.client_sampling", "poisson")
+    err = capsys.readouterr().err
+    assert f"{len(empty)} round(s) drew no client (Poisson sampling)" in err
+    assert f"summary: {12 - len(empty)} round(s) aggregated, 0 skipped" in err
+    assert len(rows) == 12
+    rows = run_cli(tmp_path / "dp", *common, *DP)
+    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(opacus_epsilon(1.2, 1 / 8, 12, 1e-5))
+    assert "summary: 12 round(s) aggregated, 0 skipped" in capsys.readouterr().err
+
+
+AGG_ARGS = f"{AGG}.init_args"
+BAD = [
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "0"], r"noise_multiplier=0.0 is not allowed: expected a finite number > 0 \(0 adds no noise"),
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "-1"], r"noise_multiplier=-1.0 is not allowed"),
+    ([*DP, f"{AGG_ARGS}.target_epsilon", "3"], r"noise_multiplier=1.2 and target_epsilon=3.0: set exactly one"),
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "null"], r"noise_multiplier=None and target_epsilon=None: set exactly one"),
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "null", f"{AGG_ARGS}.target_epsilon", "0"], r"target_epsilon=0.0 is not allowed: expected a finite number > 0"),
+    ([*DP, f"{AGG_ARGS}.delta", "0"], r"delta=0.0 is not allowed: expected a number in \(0, 1\)"),
+    ([*DP, f"{AGG_ARGS}.delta", "1"], r"delta=1.0 is not allowed"),
+    ([*DP, f"{AGG_ARGS}.clip_norm", "0"], r"clip_norm=0.0 is not allowed: expected a finite number > 0"),
+    ([*DP, f"{AGG_ARGS}.target_quantile", "1.5"], r"target_quantile=1.5 is not allowed: expected a number in \(0, 1\)"),
+    ([*DP, f"{AGG_ARGS}.clip_learning_rate", "0"], r"clip_learning_rate=0.0 is not allowed"),
+    ([*DP, f"{AGG_ARGS}.count_noise_std", "-2"], r"count_noise_std=-2.0 is not allowed: expected null or a finite number > 0"),
+    ([*DP, f"{AGG_ARGS}.adaptive_clipping", "true"], r"count_noise_std=0.2 is not allowed: expected more than noise_multiplier / 2 = 0.6"),
+    ([*DP, f"{AGG_ARGS}.accountant", "gdp"], r"accountant.*gdp"),
+    ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.FedNova"], r"inner='FedNova' cannot run under client-level DP: FedNova cannot"),
+    ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.Scaffold"], r"inner='Scaffold' cannot run under client-level DP"),
+    ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.FedCross"], r"inner='FedCross' cannot run under client-level DP: FedCross is not built on the owner-aware mean"),
+    ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.FedAvg"], r"weighting='samples' weights a client by n_i, which the clipping does not bound: use 'uniform'"),
+    ([*DP, f"{AGG_ARGS}.inner", "{class_path: fedlightning.server.FedAvg, init_args: {weighting: uniform, aggregation: median}}"], r"aggregation='median' is a robust statistic"),
+    ([*DP, "--loop.client_sampling", "fixed"], r"loop.client_sampling='fixed' is not allowed: expected 'poisson' under ClientLevelDP"),
+    ([*DP, "--loop.min_clients", "2"], r"loop.min_clients=2 is not allowed: expected 1 under ClientLevelDP"),
+    (["--loop.client_sampling", "poisson", AGG, "fedlightning.server.FedCross"], r"loop.client_sampling='poisson' draws a varying number of clients a round, but FedCross needs exactly"),
+    (["--loop.client_sampling", "random"], r"client_sampling.*random"),
+    ([*SGD, "--loop.dp_sgd.init_args.noise_multiplier", "0"], r"loop.dp_sgd.init_args.noise_multiplier=0.0 is not allowed: expected a finite number > 0"),
+    ([*SGD, "--loop.dp_sgd.init_args.max_grad_norm", "0"], r"loop.dp_sgd.init_args.max_grad_norm=0.0 is not allowed"),
+    ([*SGD, "--loop.dp_sgd.init_args.delta", "2"], r"loop.dp_sgd.init_args.delta=2.0 is not allowed: expected a number in \(0, 1\)"),
+    ([*SGD, "--model.init_args.network", "resnet14", "--model.init_args.network_kwargs", "{width: 4, stem: small}"],
+     r"loop.dp_sgd cannot train this model: its layer 'network.bn1' \(BatchNorm2d\) normalises each sample by its batch.*GroupNorm"),
+    ([*SGD, "--loop.precision", "bf16-mixed"], r"loop.precision='bf16-mixed' is not allowed with loop.dp_sgd"),
+    ([*SGD, "--loop.gradient_clip_val", "1"], r"loop.gradient_clip_val=1.0 is not allowed with loop.dp_sgd"),
+    ([*SGD, "--loop.backend", "CohortBackend"], r"loop.backend=CohortBackend cannot train this run: it steps each client on its batch gradient, and loop.dp_sgd needs per-sample ones"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a)[-50:] for a, _ in BAD])
+def test_bad_privacy_option_is_refused_before_anything_is_written(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path / "bad", *args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err, re.S), err[-2000:]
+    assert "Traceback" not in err
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow  # two calibrations by Opacus's bisection: about 20 to 40 s each
+def test_target_epsilon_calibrates_the_noise_for_the_planned_rounds(tmp_path, capsys):
+    """target_epsilon=3 over tiny.yaml's 4 rounds at q = 1/2: the calibrated z is Opacus's, the
+    4th round's epsilon is at most 3 (within the bisection's 0.01), the run does not stop early,
+    and a resume planned for more rounds (another z) is refused."""
+    calibrated = [*DP, f"{AGG}.init_args.noise_multiplier", "null",
+                  f"{AGG}.init_args.target_epsilon", "3", "--loop.local_steps", "1"]  # fmt: skip
+    rows = run_cli(tmp_path / "run", *calibrated)
+    z = calibrate_noise(3.0, 1e-5, 0.5, 4)
+    assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]
+    assert all(float(r["dp_noise_multiplier"]) == pytest.approx(z, rel=1e-12) for r in rows)
+    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(opacus_epsilon(z, 0.5, 4, 1e-5))
+    assert 2.99 <= float(rows[-1]["dp_epsilon"]) <= 3.0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path / "run", *calibrated, "--loop.rounds", "8",
+                "--ckpt_path", str(tmp_path / "run" / "last.ckpt"))  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "resume with the loop.rounds the checkpoint's run was planned for" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.slow  # the whole config: 60 rounds of about 40 clients (a few minutes)
+def test_the_dp_fedavg_config_learns_at_its_stated_epsilon(tmp_path):
+    config = str(CONFIGS / "dp_fedavg.yaml")
+    rows = run_cli(tmp_path / "run", "--loop.eval_every", "10", config=config)
+    last = rows[-1]
+    assert int(last["round"]) == 60
+    assert float(last["dp_epsilon"]) == pytest.approx(opacus_epsilon(1.5, 0.1, 60, 1e-4))
+    assert float(last["dp_epsilon"]) < 3
+    assert float(last["test_acc"]) > 0.8  # chance is 0.1
