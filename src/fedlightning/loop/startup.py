@@ -151,6 +151,7 @@ def prepare_run(
     with quiet_lightning():  # no AMP banner (a 16-mixed run on a CPU still warns, once)
         compute = Compute.resolve(loop.fit_config.accelerator, loop.precision)
     loop.backend.check(model, loop.fit_config, compute)
+    loop.backend.check_aggregator(loop.aggregator)
     validate_datamodule(datamodule)
     model.prepare_clients(datamodule)
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
