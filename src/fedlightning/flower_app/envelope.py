@@ -28,6 +28,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 RECORD, ARRAY, STYPE = "fedlightning", "blob", "fedlightning.wire"
 #: the reply's record of timestamps (seconds since the epoch, this machine's clock)
 TIMING = "fedlightning.timing"
+#: under SecAgg+, the legacy fit result's metric holding a node's plain part
+PLAIN = "fedlightning"
 
 
 def wrap(blob: bytes, timing: dict[str, float] | None = None) -> RecordDict:

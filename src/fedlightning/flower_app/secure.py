@@ -16,7 +16,9 @@ Flower quantises each node's vector to integers (``C`` the clipping range, ``T``
 range), masks it, and the server unmasks the sum over the ``J`` nodes whose vectors arrived: it
 learns ``S = sum_nodes v + e`` with ``|e| < J 2C/T`` per entry, never a node's or a client's
 vector. Per slot, with ``m = sum alpha_i`` over the clients that succeeded and own it,
-``mean = w + S / m`` (float64), the owner-aware weighted mean up to ``J (2C/T) / m``.
+``mean = w + S / m`` (float64), the owner-aware weighted mean up to ``J (2C/T) / m``. The unit
+SecAgg+ protects is the SuperNode: a node fits its own clients, so it sees their uploads; the
+server sees only the sum over the nodes.
 
 What else the server learns, in plain, per client: whether its fit succeeded (and the exception
 if not), ``n_i``, its optimizer steps, its model index and its integer buffers (BatchNorm's
@@ -44,8 +46,8 @@ from flwr.common import bytes_to_ndarray, ndarray_to_bytes
 
 from fedlightning.protocol import ClientJob, FitResult, Upload
 
-#: the error types a node reports for a SecAgg+ round it cannot take part in as asked
-REFUSED = ("SecAggRangeError", "SecAggClientState")
+#: the error types for which a node refuses the whole round (the run stops), not one client
+REFUSED = ("SecAggClientState",)
 
 
 def client_weight(weighting: str, num_samples: int) -> float:
@@ -138,9 +140,10 @@ def node_vector(
         refused = (
             f"a value of this node's SecAgg+ vector, {float(vector[worst]):.6g} (for {what}), "
             f"lies outside [-clipping_range, clipping_range] = [-{limit:g}, {limit:g}]: SecAgg+ "
-            "would clip it; raise clipping_range (the quantisation step 2 clipping_range / "
-            "quantization_range grows with it; BatchNorm running variances on unnormalised "
-            "inputs need a larger range than the weights)"
+            "would clip it; raise clipping_range, and quantization_range with it to keep the "
+            "quantisation step 2 clipping_range / quantization_range (nodes x "
+            "quantization_range must stay below modulus_range); BatchNorm running variances "
+            "can move by far more than the weights"
         )
     if refused is not None:
         vector.zero_()  # the node still takes part, adding nothing

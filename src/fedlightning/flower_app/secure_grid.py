@@ -26,10 +26,7 @@ from flwr.server.strategy import Strategy
 from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, Key
 
-from fedlightning.flower_app.envelope import STYPE
-
-#: the fit result metric holding a node's plain part
-PLAIN = "fedlightning"
+from fedlightning.flower_app.envelope import PLAIN, STYPE
 
 
 class _Node(ClientProxy):

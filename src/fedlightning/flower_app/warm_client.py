@@ -43,6 +43,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from fedlightning.flower_app.envelope import (
+    PLAIN,
     add_timing,
     process_start,
     recv_frame,
@@ -156,7 +157,7 @@ def _secure_train(message: Message, context: Context, handler: float) -> Message
     reply, (plain, vector) = ask({"kind": "train"}, [blob], context)
     fitres = FitRes(
         Status(Code.OK, ""), Parameters([vector], "numpy.ndarray"), num_examples=1,
-        metrics={"fedlightning": plain},
+        metrics={PLAIN: plain},
     )  # fmt: skip
     content = fitres_to_recorddict(fitres, keep_input=False)
     return Message(add_timing(content, _timing(handler, reply)), reply_to=message)
