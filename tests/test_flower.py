@@ -23,10 +23,12 @@ from fedlightning.flower_app.client import served_clients  # noqa: E402
 from fedlightning.flower_app.export import main as export_main  # noqa: E402
 from fedlightning.flower_app.local import LocalFederation  # noqa: E402
 from fedlightning.flower_app.records import (  # noqa: E402
-    jobs_content,
+    jobs_blob,
+    missing,
     read_jobs,
-    read_result,
-    results_content,
+    read_results,
+    result_of,
+    results_blob,
 )
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Payload, Upload  # noqa: E402
 
@@ -52,8 +54,10 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
     )
     other = ClientJob(3, 1, Payload({"w": torch.zeros(4, 3)}, {}, model_index=0), {})
     config = FitConfig(local_steps=3, seed=11, num_threads=1)
-    jobs, back_config, spec = read_jobs(jobs_content([job, other], config, {"model": {"x": 1}}))
-    assert back_config == config and spec == {"model": {"x": 1}}
+    jobs, back_config, spec, secure = read_jobs(
+        jobs_blob([job, other], config, {"model": {"x": 1}})
+    )
+    assert back_config == config and spec == {"model": {"x": 1}} and secure is None
     back = jobs[0]
     assert [j.client_id for j in jobs] == [5, 1] and jobs[1].payload.model_index == 0
     assert _same(jobs[1].payload.weights, other.payload.weights) and jobs[1].state == {}
@@ -69,10 +73,12 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
         2,
         {"train_loss": 0.25},
     )
-    reply = results_content(
-        {5: FitResult(upload, {"c_i": torch.ones(3)}), 1: (ValueError("bad batch"), "tb text")}
+    reply = read_results(
+        results_blob(
+            {5: FitResult(upload, {"c_i": torch.ones(3)}), 1: (ValueError("bad batch"), "tb text")}
+        )
     )
-    result = read_result(reply, 5, ["w"])
+    result = result_of(reply[5], ["w"])
     assert isinstance(result, FitResult)
     assert _same(result.upload.weights, upload.weights) and _same(
         result.upload.extras, upload.extras
@@ -85,12 +91,54 @@ def test_jobs_and_results_cross_the_wire_bit_exact():
     assert result.upload.metrics == {"train_loss": 0.25} and _same(
         result.state, {"c_i": torch.ones(3)}
     )
-    assert read_result(reply, 1, ["w"]) == {
+    assert result_of(reply[1], ["w"]) == {
         "type": "ValueError",
         "message": "bad batch",
         "traceback": "tb text",
     }
-    assert read_result(reply, 7, ["w"])["type"] == "LookupError"  # a client the reply lacks
+    assert 7 not in reply and missing(7)["type"] == "LookupError"  # a client the reply lacks
+
+
+def test_a_nodes_message_and_reply_are_a_constant_number_of_flower_objects():
+    """One node's jobs (1 or 6 clients, a BatchNorm ResNet: 98 tensors each) and its reply travel
+    as the same few Flower objects (besides the message: the record dict, one ArrayRecord, one
+    Array, its chunk; the reply's timing record): Flower pushes and pulls each on its own."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from fedlightning.clients import ClientModule
+    from fedlightning.flower_app.envelope import unwrap, wrap
+
+    net = ClientModule(network="resnet14", network_kwargs={"width": 4, "stem": "small"}).network
+    weights = dict(net.state_dict())
+    counts, sizes = [], []
+    for clients in (1, 6):
+        jobs = [ClientJob(0, c, Payload(weights), {}) for c in range(clients)]
+        blob = jobs_blob(jobs, FitConfig(), {})
+        upload = Upload(0, weights, 10, 2)
+        reply = results_blob({c: FitResult(upload, {}) for c in range(clients)})
+        message, answer = wrap(blob), wrap(reply, {"replied": 1.0})
+        counts.append((len(get_all_nested_objects(message)), len(get_all_nested_objects(answer))))
+        sizes.append(len(blob))
+        assert unwrap(message) == blob and unwrap(answer) == reply
+    assert counts == [(4, 5), (4, 5)]
+    assert sizes[1] < 1.2 * sizes[0]  # clients of a payload share its tensors in the blob
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_cross_the_wire_as_cpu_tensors():
+    """With ``--accelerator cuda`` the server state, payloads and uploads live on the GPU: the
+    wire carries them as CPU tensors, bit for bit, each shared tensor once."""
+    weights = {"w": torch.randn(4, 3, device="cuda"), "n": torch.tensor(7, device="cuda")}
+    job = ClientJob(
+        0, 1, Payload(weights, {"c": weights["w"]}), {"s": torch.ones(2, device="cuda")}
+    )
+    (back,), config, _, _ = read_jobs(jobs_blob([job], FitConfig(accelerator="cuda"), {}))
+    assert config.accelerator == "cuda" and back.payload.weights["w"].device.type == "cpu"
+    assert _same(back.payload.weights, {k: v.cpu() for k, v in weights.items()})
+    assert back.payload.extras["c"] is back.payload.weights["w"]
+    reply = read_results(results_blob({1: FitResult(Upload(1, weights, 3, 1), {})}))
+    result = result_of(reply[1], ["w", "n"])
+    assert _same(result.upload.weights, {k: v.cpu() for k, v in weights.items()})
 
 
 def test_node_config_selects_the_clients_a_node_serves():
@@ -299,7 +347,7 @@ def test_the_warm_worker_answers_refuses_strangers_and_leaves_with_its_owner(tmp
     import time
     from multiprocessing.connection import AuthenticationError, Client
 
-    from flwr.app import ConfigRecord, RecordDict
+    from fedlightning.flower_app.envelope import recv_frame, send_frame
 
     owner = subprocess.Popen(["sleep", "600"])
     address, key = tmp_path / "w.sock", tmp_path / "w.key"
@@ -313,15 +361,15 @@ def test_the_warm_worker_answers_refuses_strangers_and_leaves_with_its_owner(tmp
         while not address.exists():
             assert worker.poll() is None and time.monotonic() < deadline, "worker did not listen"
             time.sleep(0.1)
-        query = RecordDict({"query": ConfigRecord({"num_clients": 5})})
+        node_config = {"partition-id": 1, "num-partitions": 2}
         with Client(str(address), family="AF_UNIX", authkey=b"k" * 32) as connection:
-            connection.send(("query", query, {"partition-id": 1, "num-partitions": 2}))
-            status, reply = connection.recv()
-        assert status == "ok" and list(reply.config_records["served"]["client_ids"]) == [1, 3]
+            send_frame(connection, {"kind": "query", "num_clients": 5, "node_config": node_config})
+            reply, _ = recv_frame(connection)
+        assert reply == {"status": "ok", "served": [1, 3]}
         with Client(str(address), family="AF_UNIX", authkey=b"k" * 32) as connection:
-            connection.send(("evaluate", query, {}))
-            status, text = connection.recv()
-        assert status == "error" and "KeyError: 'evaluate'" in text
+            send_frame(connection, {"kind": "evaluate", "node_config": {}})
+            reply, _ = recv_frame(connection)
+        assert reply["status"] == "error" and "KeyError: 'evaluate'" in reply["traceback"]
         with pytest.raises(AuthenticationError):
             Client(str(address), family="AF_UNIX", authkey=b"x" * 32)
         owner.kill()
@@ -403,9 +451,11 @@ def test_the_overhead_benchmark_runs_and_checks_equality():
 
     root = Path(__file__).parents[1]
     done = subprocess.run(
-        [sys.executable, "benchmarks/flower_overhead.py", "--rounds", "1", "--threads", "1"],
+        [sys.executable, "benchmarks/flower_overhead.py", "--rounds", "1", "--repeats", "1",
+         "--threads", "1"],
         cwd=root, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "global.pt byte-identical: True" in done.stdout
-    assert "flower" in done.stdout and "ratio" in done.stdout
+    assert "flower" in done.stdout and "ratio" in done.stdout and "load average" in done.stdout
+    assert "clientapp start" in done.stdout  # the round's phases, from the nodes' timestamps

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
+    from fedlightning.server.base import Aggregator
 
 __all__ = ["Backend", "ClientDone", "RoundResults", "WorkerLost"]
 
@@ -45,6 +46,11 @@ class Backend(RecordsInitArgs, ABC):
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:  # noqa: B027 (optional hook)
         """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config`` on
         ``compute``; called by the loop at start-up, before anything is written or trained."""
+
+    def check_aggregator(self, aggregator: Aggregator) -> None:  # noqa: B027 (optional hook)
+        """Raise a ConfigurationError if this backend cannot serve ``aggregator`` (the Flower
+        backend under secure aggregation delivers only the sum of the uploads); called by the loop
+        at start-up after :meth:`check`, before anything is written or trained."""
 
     @abstractmethod
     def start(

@@ -2,13 +2,23 @@
 deployment, the fedlightning loop staying the server.
 
 Each round, the :class:`~fedlightning.protocol.ClientJob` s of the clients one SuperNode serves
-become one Flower ``Message`` (:mod:`fedlightning.flower_app.records`: weights, payload extras and
-client state as ArrayRecord/ConfigRecord) sent through the SuperLink to that SuperNode; its
-ClientApp (:mod:`fedlightning.flower_app.client`) fits them one after another with
-:class:`~fedlightning.fit.ClientFitter` on its own data and replies with the uploads. One message
-per node and round, not per client: Flower 1.41's SuperNode handles one message at a time, each in
-a fresh ``flwr-clientapp`` process that imports torch and Lightning and builds the data module, and
-sleeps 3 s whenever it finds no message waiting.
+become one Flower ``Message`` carrying one blob (:mod:`fedlightning.flower_app.records`: weights,
+payload extras and client state in fedlightning's wire format, :mod:`fedlightning.flower_app.wire`;
+O(1) Flower objects per message) sent through the SuperLink to that SuperNode; its ClientApp
+forwards it to the node's warm worker (:mod:`fedlightning.flower_app.client`), which fits them one
+after another with :class:`~fedlightning.fit.ClientFitter` on its own data and replies with the
+uploads, one blob again. One message per node and round, not per client: Flower 1.41's SuperNode
+handles one message at a time, each in a fresh ``flwr-clientapp`` process, and sleeps 3 s whenever
+it finds no message waiting.
+
+Secure aggregation (``secure_aggregation: true``): each round runs Flower's own SecAgg+ (its
+``SecAggPlusWorkflow`` on the SuperLink, its ``secaggplus_mod`` in the ClientApp) on one vector per
+SuperNode, the node's weighted sum of its clients' updates, so the server learns only their sum
+over the nodes (:mod:`fedlightning.flower_app.secure`; docs/algorithms.md section 2.7). Only
+aggregators that run on that sum are accepted (:mod:`fedlightning.flower_app.secure_options`);
+the result equals the plain run's up to SecAgg+'s quantisation, bounded per entry by
+``J 2C/T / m`` (``J`` nodes, ``C`` = ``clipping_range``, ``T`` = ``quantization_range``, ``m`` the
+owners' share of the round's weight).
 
 How the loop reaches the SuperLink: Flower hands a ``Grid`` only to a ServerApp, so ``start``
 submits a small relay ServerApp with ``flwr run`` (the connection ``address``, ``insecure`` and
@@ -29,7 +39,7 @@ loop's failure policy treats as a client failure, never as a bug. A lost node is
 clients it serves when the SuperLink lists it again.
 
 On CPU with the same partition and torch threads, the result is byte-identical to the sequential
-backend's: nodes fit exactly as it does, and every record conversion is exact.
+backend's (without secure aggregation): nodes fit exactly as it does, and the wire is exact.
 
 Needs the optional extra: ``pip install 'fedlightning[flower]'``.
 """
@@ -43,6 +53,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
+from fedlightning.backends.flower_rounds import RemoteClientError, plain_round, secure_round
 from fedlightning.errors import ConfigurationError, WorkerLost, require
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.seeding import derive_seed, seed_fit
@@ -51,10 +62,9 @@ if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
     from fedlightning.compute import Compute
     from fedlightning.data.datamodule import FederatedDataModule
+    from fedlightning.server.base import Aggregator
 
-
-class RemoteClientError(RuntimeError):
-    """A client's fit raised on its SuperNode (the node's traceback is in ``traceback``)."""
+__all__ = ["FlowerBackend", "RemoteClientError"]
 
 
 def _flwr() -> None:
@@ -96,6 +106,16 @@ class FlowerBackend(Backend):
             client at start.
         relay_host: the address of this machine as the SuperLink's machine reaches it (the relay
             ServerApp connects back to it on a free port).
+        secure_aggregation: aggregate with Flower's SecAgg+: the server learns only the sum of
+            the nodes' weighted updates (module docstring).
+        num_shares: SecAgg+: the shares each node's secrets are split into, an integer >= 3 or a
+            fraction of the nodes (1.0: every node holds one).
+        reconstruction_threshold: SecAgg+: the shares that reconstruct a node's secrets (an
+            integer >= 2 or a fraction of num_shares; default 0.75, a strict majority).
+        clipping_range: SecAgg+: C, every entry of a node's vector must lie in [-C, C] (else the
+            run stops naming this option); the quantisation step is 2C/T.
+        quantization_range: SecAgg+: T, the integers [0, T] a vector entry is quantised to.
+        modulus_range: SecAgg+: the masks' modulus, a power of 2 above nodes x T.
     """
 
     def __init__(
@@ -107,6 +127,12 @@ class FlowerBackend(Backend):
         round_timeout: float = 600.0,
         connect_timeout: float = 120.0,
         relay_host: str = "127.0.0.1",
+        secure_aggregation: bool = False,
+        num_shares: int | float = 1.0,
+        reconstruction_threshold: int | float = 0.75,
+        clipping_range: float = 8.0,
+        quantization_range: int = 2**22,
+        modulus_range: int = 2**32,
     ) -> None:
         require(
             round_timeout > 0, "loop.backend.init_args.round_timeout", round_timeout, "a number > 0"
@@ -128,10 +154,21 @@ class FlowerBackend(Backend):
             connect_timeout,
             relay_host,
         )
+        from fedlightning.flower_app.secure_options import secure_options
+
+        self.secure = secure_options(
+            secure_aggregation, num_shares=num_shares,
+            reconstruction_threshold=reconstruction_threshold, clipping_range=clipping_range,
+            quantization_range=quantization_range, modulus_range=modulus_range,
+        )  # fmt: skip
+        self.weighting = "samples"
         self.grid: Any = None
         self.transport: Any = None
         self.served: dict[int, list[int]] = {}
         self._tmp: str | None = None
+        #: per node of the last plain round: the timestamps of its message's way
+        #: (:data:`fedlightning.flower_app.transport.Timing`; ``benchmarks/flower_overhead.py``)
+        self.round_timings: list[dict[str, float]] = []
 
     def use_grid(self, grid: Any) -> None:
         """Fit on ``grid`` (a Flower ``Grid``), that of the ServerApp this loop runs in: called on
@@ -147,6 +184,13 @@ class FlowerBackend(Backend):
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
         _flwr()
 
+    def check_aggregator(self, aggregator: Aggregator) -> None:
+        """Under secure aggregation, refuse an aggregator that needs individual uploads."""
+        if self.secure is not None:
+            from fedlightning.flower_app.secure_options import check_aggregator
+
+            self.weighting = check_aggregator(aggregator)
+
     # -- start: reach the SuperLink, wait for SuperNodes -----------------------------------------
     def start(
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
@@ -157,6 +201,7 @@ class FlowerBackend(Backend):
         fits its clients of a round in one message."""
         _flwr()
         self.config, self.num_clients = config, datamodule.num_clients
+        self.num_samples = datamodule.client_num_samples
         self.spec = {
             "model": _class_spec(model, "model"),
             "data": _class_spec(datamodule, "data module"),
@@ -176,6 +221,10 @@ class FlowerBackend(Backend):
             self.transport, self._tmp = start_relay(self)
         try:
             self._discover()
+            if self.secure is not None:
+                from fedlightning.flower_app.secure_options import check_nodes
+
+                check_nodes(self.secure, len(self.served))
         except BaseException:
             self.stop()
             raise
@@ -206,8 +255,6 @@ class FlowerBackend(Backend):
 
     # -- rounds ----------------------------------------------------------------------------------
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
-        from fedlightning.flower_app.records import jobs_content, read_result
-
         self._refresh(self.round_timeout)
         results: RoundResults = {}
         batches: dict[int, list[ClientJob]] = {}  # node -> its clients' jobs, in job order
@@ -219,32 +266,10 @@ class FlowerBackend(Backend):
                 )
                 continue
             batches.setdefault(nodes[job.client_id % len(nodes)], []).append(job)
-        requests = [
-            (node, jobs_content(batch, self.config, self.spec)) for node, batch in batches.items()
-        ]
-        replies = (
-            self.transport.exchange("train", str(round_index), requests, self.round_timeout)
-            if requests
-            else []
-        )
-        for (node, batch), reply in zip(batches.items(), replies, strict=True):
-            if isinstance(reply, str):
-                self.served.pop(node, None)  # asked again when listed again
-            for job in batch:
-                cid = job.client_id
-                if isinstance(reply, str):
-                    results[cid] = WorkerLost(f"client {cid} on SuperNode {node}: {reply}")
-                    continue
-                result = read_result(reply, cid, list(job.payload.weights))
-                if isinstance(result, dict):
-                    error = RemoteClientError(
-                        f"client {cid} on SuperNode {node} raised {result['type']}: "
-                        f"{result['message']}"
-                    )
-                    error.traceback = result["traceback"]  # type: ignore[attr-defined]
-                    results[cid] = error
-                else:
-                    results[cid] = result
+        if self.secure is not None:
+            results.update(secure_round(self, round_index, batches))
+        elif batches:
+            results.update(plain_round(self, round_index, batches))
         # the global RNG as a sequential round leaves it: seeded for the last client's fit
         if jobs:
             seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))

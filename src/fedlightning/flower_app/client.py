@@ -1,7 +1,6 @@
 """What a SuperNode does with fedlightning's messages: :func:`query_reply` and
 :func:`train_reply`, run by the node's warm worker (:mod:`fedlightning.flower_app.worker`, which
-the ClientApp of every app fedlightning writes forwards to); ``app`` is a ClientApp running them
-in the ``flwr-clientapp`` process itself (it then loads torch and Lightning for every message).
+the ClientApp of every app fedlightning writes forwards to).
 
 A SuperNode serves the clients its node config names (``flower-supernode --node-config ...``):
 
@@ -12,13 +11,15 @@ A SuperNode serves the clients its node config names (``flower-supernode --node-
 
 Optional ``data-root="/path"`` replaces the data module's ``root`` (where this node's data lives).
 
-A ``query`` message asks which of ``num_clients`` client ids the node serves; a ``train`` message
-carries the :class:`~fedlightning.protocol.ClientJob` s of one round that this node serves
-(:mod:`fedlightning.flower_app.records`). The ClientApp builds the client module and the data
+A ``query`` asks which of ``num_clients`` client ids the node serves; a ``train`` message carries
+the :class:`~fedlightning.protocol.ClientJob` s of one round that this node serves, as one wire
+blob (:mod:`fedlightning.flower_app.records`). The node builds the client module and the data
 module once from the spec (class paths and init args, the server's own; the node's ``data-root``
 applied) and fits the clients one after another with :class:`~fedlightning.fit.ClientFitter`,
 exactly as the sequential backend does; the reply holds each client's upload, or its fit's
-exception and traceback (one client's failure leaves the others' fits alone).
+exception and traceback (one client's failure leaves the others' fits alone). Under secure
+aggregation (a ``secure`` plan in the blob) the reply is the SecAgg+ vector and its plain part
+instead (:func:`fedlightning.flower_app.secure.node_vector`).
 """
 
 from __future__ import annotations
@@ -28,13 +29,9 @@ import json
 import traceback
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, RecordDict
-from flwr.clientapp import ClientApp
-
-from fedlightning.flower_app.records import read_jobs, results_content
-from fedlightning.protocol import FitConfig, FitResult
-
-app = ClientApp()
+from fedlightning.flower_app.records import read_jobs, results_blob
+from fedlightning.flower_app.wire import encode
+from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
 #: per process: (spec, data-root) -> (model, data module); fit config -> fitter
 _BUILT: dict[str, Any] = {}
@@ -79,25 +76,18 @@ def _objects(spec: dict[str, Any], node_config: dict[str, Any], config: FitConfi
     return _BUILT["model"], _BUILT["dm"], fitter
 
 
-def query_reply(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
-    """The reply to a ``query`` message: the client ids this node serves."""
-    num_clients = int(content.config_records["query"]["num_clients"])  # type: ignore[arg-type]
-    ids = served_clients(node_config, num_clients)
-    return RecordDict({"served": ConfigRecord({"client_ids": ids or [-1]})})
+def query_reply(num_clients: int, node_config: dict[str, Any]) -> list[int]:
+    """The reply to a ``query``: the client ids this node serves."""
+    return served_clients(node_config, num_clients)
 
 
-def train_reply(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
-    """The reply to a ``train`` message: fit every client job in it, in order; each upload or
-    exception."""
+def fit_jobs(
+    jobs: list[ClientJob], config: FitConfig, spec: dict[str, Any], node_config: dict[str, Any]
+) -> dict[int, FitResult | tuple[BaseException, str]]:
+    """Fit every job's client, in order; per client its result or ``(exception, traceback)``."""
     from fedlightning.training import cpu_compute, quiet_lightning
 
     outcomes: dict[int, FitResult | tuple[BaseException, str]] = {}
-    try:
-        jobs, config, spec = read_jobs(content)
-    except Exception as error:  # noqa: BLE001  (reported for every client of the message)
-        ids = content.config_records["jobs"]["client_ids"]  # type: ignore[union-attr]
-        failed = (error, traceback.format_exc())
-        return results_content({int(c): failed for c in ids})  # type: ignore[union-attr]
     for job in jobs:
         try:
             num_clients = int(spec["data"]["init_args"].get("num_clients", job.client_id + 1))
@@ -108,16 +98,17 @@ def train_reply(content: RecordDict, node_config: dict[str, Any]) -> RecordDict:
                 outcomes[job.client_id] = fitter.fit(model, datamodule, job)
         except Exception as error:  # noqa: BLE001  (the server's failure policy decides)
             outcomes[job.client_id] = (error, traceback.format_exc())
-    return results_content(outcomes)
+    return outcomes
 
 
-@app.query()
-def query(message: Message, context: Context) -> Message:
-    """Reply with the client ids this node serves."""
-    return Message(query_reply(message.content, dict(context.node_config)), reply_to=message)
+def train_reply(blob: bytes, node_config: dict[str, Any]) -> list[bytes]:
+    """The reply to a ``train`` message: ``[results blob]`` (plain), or ``[plain part blob,
+    SecAgg+ vector]`` when the message carries a secure plan."""
+    from fedlightning.flower_app.secure import node_vector
 
-
-@app.train()
-def train(message: Message, context: Context) -> Message:
-    """Fit the message's client jobs; reply with each upload or exception."""
-    return Message(train_reply(message.content, dict(context.node_config)), reply_to=message)
+    jobs, config, spec, secure = read_jobs(blob)
+    outcomes = fit_jobs(jobs, config, spec, node_config)
+    if secure is None:
+        return [results_blob(outcomes)]
+    plain, vector = node_vector(jobs, outcomes, secure)
+    return [encode(plain), vector]

@@ -1,7 +1,8 @@
 """How a ``fedlightning fit`` process reaches a SuperLink: it submits the relay ServerApp
 (:mod:`fedlightning.flower_app.relay`) with ``flwr run`` (a private ``FLWR_HOME`` holding the
 SuperLink connection: address, insecure, root certificates, federation) and the relay connects back
-on ``relay_host`` with a one-run key; :class:`RelayTransport` forwards the GridTransport calls.
+on ``relay_host`` with a one-run key; :class:`RelayTransport` forwards the GridTransport calls as
+frames (:mod:`fedlightning.flower_app.envelope`: JSON and blobs, nothing unpickled).
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from fedlightning.errors import ConfigurationError, WorkerLost
-from fedlightning.flower_app.export import warm_client_source, write_pyproject
-
-#: relay.py's import of the transport, replaced in the relay app's copy
-RELAY_IMPORT = "from fedlightning.flower_app.transport import GridTransport"
+from fedlightning.flower_app.envelope import recv_frame, send_frame
+from fedlightning.flower_app.export import write_lean_modules, write_pyproject
 
 
 class RelayTransport:
@@ -32,53 +31,75 @@ class RelayTransport:
         self.connection = connection
         self.timeout = timeout
 
-    def _call(self, name: str, *args: Any, timeout: float) -> Any:
+    def _call(
+        self, name: str, blobs: Sequence[bytes] = (), *, wait: float, **args: Any
+    ) -> tuple[Any, list[bytes]]:
+        """Send the call ``name`` with ``args`` and ``blobs``; its answer, waited for up to
+        ``wait`` (plus this transport's own timeout) seconds."""
         try:
-            self.connection.send((name, args))
-            if not self.connection.poll(timeout + self.timeout):
+            send_frame(self.connection, {"call": name, **args}, list(blobs))
+            if not self.connection.poll(wait + self.timeout):
                 raise WorkerLost(
-                    f"the relay ServerApp did not answer {name} within {timeout + self.timeout:g} s"
+                    f"the relay ServerApp did not answer {name} within {wait + self.timeout:g} s"
                 )
-            status, value = self.connection.recv()
+            header, out = recv_frame(self.connection)
         except (EOFError, OSError) as error:
             raise WorkerLost(
                 f"the relay ServerApp on the SuperLink went away ({error!r})"
             ) from None
-        if status != "ok":
-            raise RuntimeError(f"the relay ServerApp's {name} failed:\n{value}")
-        return value
+        if header.get("status") != "ok":
+            raise RuntimeError(f"the relay ServerApp's {name} failed:\n{header.get('traceback')}")
+        return header["value"], out
 
     def node_ids(self) -> list[int]:
-        return self._call("node_ids", timeout=0)
+        return self._call("node_ids", wait=0)[0]
 
     def served(
         self, node_ids: Sequence[int], num_clients: int, timeout: float
     ) -> dict[int, list[int]]:
-        return self._call("served", list(node_ids), num_clients, timeout, timeout=timeout)
+        value, _ = self._call(
+            "served",
+            wait=timeout,
+            node_ids=list(node_ids),
+            num_clients=num_clients,
+            timeout=timeout,
+        )
+        return {int(node): ids for node, ids in value}
 
-    def exchange(self, message_type: str, group_id: str, requests: list, timeout: float) -> list:
-        return self._call("exchange", message_type, group_id, requests, timeout, timeout=timeout)
+    def exchange(
+        self, message_type: str, group_id: str, requests: Sequence[tuple[int, bytes]],
+        timeout: float,
+    ) -> list[tuple[bytes | str, dict[str, float]]]:  # fmt: skip
+        value, blobs = self._call(
+            "exchange", [blob for _, blob in requests], wait=timeout, timeout=timeout,
+            message_type=message_type, group_id=group_id, nodes=[n for n, _ in requests],
+        )  # fmt: skip
+        replies, out = iter(blobs), []
+        for item in value:
+            out.append((item["error"], {}) if "error" in item else (next(replies), item["timing"]))
+        return out
+
+    def secure_exchange(
+        self, group_id: str, requests: Sequence[tuple[int, bytes]], options: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:  # fmt: skip
+        # each of SecAgg+'s four stages may wait up to `timeout`
+        value, blobs = self._call(
+            "secure_exchange", [blob for _, blob in requests], wait=4 * timeout,
+            timeout=timeout, group_id=group_id, nodes=[n for n, _ in requests], options=options,
+        )  # fmt: skip
+        aggregate = blobs.pop(0) if value["aggregate"] else None
+        return {
+            "aggregate": aggregate, "contributors": value["contributors"],
+            "plain": dict(zip(value["nodes"], blobs, strict=True)), "failures": value["failures"],
+        }  # fmt: skip
 
     def close(self) -> None:
         try:
-            self.connection.send(("stop", ()))
+            send_frame(self.connection, {"call": "stop"})
         except OSError:
             pass
         self.connection.close()
-
-
-def write_relay_modules(app: Path) -> None:
-    """Copy the relay ServerApp and the Grid transport into the relay app as top-level modules
-    (``fedlightning_relay``, ``fedlightning_transport``): the ServerApp process then imports
-    ``flwr`` and these two files only, not the fedlightning package (whose import loads
-    Lightning: seconds at every run's start)."""
-    here = Path(__file__).parent
-    (app / "fedlightning_transport.py").write_text((here / "transport.py").read_text())
-    relay = (here / "relay.py").read_text()
-    lean = relay.replace(RELAY_IMPORT, "from fedlightning_transport import GridTransport")
-    if lean == relay:
-        raise RuntimeError(f"relay.py no longer says {RELAY_IMPORT!r}")
-    (app / "fedlightning_relay.py").write_text(lean)
 
 
 def start_relay(backend: Any) -> tuple[RelayTransport, str]:
@@ -97,11 +118,10 @@ def _submit(backend: Any, tmp: str) -> Connection:
     listener = Listener((backend.relay_host, 0), authkey=key)
     app = Path(tmp) / "relay"
     write_pyproject(
-        app, "fedlightning-relay", "fedlightning_relay:app", "fedlightning_client:app",
+        app, "fedlightning-relay", "fedlightning_relay:app", "fedlightning_warm_client:app",
         {"relay-address": f"{backend.relay_host}:{listener.address[1]}", "relay-key": key.hex()},
     )  # fmt: skip
-    (app / "fedlightning_client.py").write_text(warm_client_source())
-    write_relay_modules(app)
+    write_lean_modules(app)
     home = Path(tmp) / "flwr-home"
     home.mkdir()
     connection = {"address": backend.address, "insecure": backend.insecure}

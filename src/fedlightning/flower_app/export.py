@@ -1,11 +1,12 @@
 """``fedlightning flower-app``: write a runnable Flower App from a fedlightning config.
 
 The app directory holds ``pyproject.toml`` (the Flower App: components and run config), the
-config (``fedlightning.yaml``) and two small modules: ``fedlightning_app/server_app.py`` runs the
+config (``fedlightning.yaml``) and small modules: ``fedlightning_app/server_app.py`` runs the
 whole :class:`~fedlightning.loop.FederatedLoop` inside the ServerApp with the
 :class:`~fedlightning.backends.flower.FlowerBackend` on the Grid Flower gives it, and
 ``fedlightning_app/client_app.py`` is the fedlightning ClientApp (a copy of
-:mod:`fedlightning.flower_app.warm_client`: each SuperNode fits in a warm worker process). Run it
+:mod:`fedlightning.flower_app.warm_client`: each SuperNode fits in a warm worker process), beside
+the lean module it imports (:func:`write_lean_modules`). Run it
 with ``flwr run <dir> <superlink-connection>`` against a SuperLink whose SuperNodes serve the clients (node config ``partition-id``/
 ``num-partitions`` or ``client-ids``; ``data-root`` for the node's data). Every machine needs
 ``pip install 'fedlightning[flower]'``.
@@ -52,10 +53,38 @@ app = server.app
 '''
 
 
-def warm_client_source() -> str:
-    """The ClientApp module every app fedlightning writes carries
-    (:mod:`fedlightning.flower_app.warm_client`: forwards messages to the node's warm worker)."""
-    return (Path(__file__).parent / "warm_client.py").read_text()
+#: the modules of :mod:`fedlightning.flower_app` that import only the standard library, ``flwr``
+#: and each other: the apps fedlightning writes carry them as top-level ``fedlightning_<name>``
+#: modules, so that their ClientApp and relay processes never import the fedlightning package
+#: (whose import loads Lightning: seconds for every message)
+LEAN_MODULES = ("envelope", "warm_client", "transport", "secure_grid", "relay")
+PACKAGE_IMPORT = "from fedlightning.flower_app.{name} import"
+
+
+def lean_source(name: str) -> str:
+    """The source of lean module ``name`` with its imports of the other lean modules made
+    top-level (``from fedlightning_envelope import ...``); any other fedlightning import is a
+    bug of that module (a ``RuntimeError``)."""
+    source = (Path(__file__).parent / f"{name}.py").read_text()
+    for other in LEAN_MODULES:
+        source = source.replace(
+            PACKAGE_IMPORT.format(name=other), f"from fedlightning_{other} import"
+        )
+    leftover = [
+        line.strip()
+        for line in source.splitlines()
+        if line.strip().startswith(("from fedlightning.", "import fedlightning"))
+    ]
+    if leftover:
+        raise RuntimeError(f"flower_app/{name}.py must import only lean modules: {leftover}")
+    return source
+
+
+def write_lean_modules(directory: Path, names: tuple[str, ...] = LEAN_MODULES) -> None:
+    """Write lean modules ``names`` into the app ``directory`` as ``fedlightning_<name>.py``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (directory / f"fedlightning_{name}.py").write_text(lean_source(name))
 
 
 def write_pyproject(
@@ -97,7 +126,8 @@ def write_app(
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text('"""A fedlightning run as a Flower App."""\n')
     (package / "server_app.py").write_text(SERVER_APP)
-    (package / "client_app.py").write_text(warm_client_source())
+    (package / "client_app.py").write_text(lean_source("warm_client"))
+    write_lean_modules(out, ("envelope",))
     (out / "fedlightning.yaml").write_text(config.read_text())
     write_pyproject(
         out,

@@ -5,10 +5,12 @@ The backend starts this ServerApp on the SuperLink with ``flwr run`` (Flower's p
 ``Grid``) and listens on ``relay-address`` (run config); the ServerApp connects back with the
 one-run ``relay-key`` (``multiprocessing.connection``: authenticated, HMAC challenge) and runs the
 :class:`~fedlightning.flower_app.transport.GridTransport` calls the backend asks for, until the
-backend says ``stop`` or goes away. It holds no model and makes no decisions. The relay app
-carries a copy of this module and of :mod:`fedlightning.flower_app.transport` as top-level
-modules (:func:`fedlightning.flower_app.connect.write_relay_modules`), so that its process imports
-only ``flwr``, not the fedlightning package.
+backend says ``stop`` or goes away. Calls and answers are frames
+(:mod:`fedlightning.flower_app.envelope`: a JSON header and the blobs, never pickles; :func:`answer`
+says which). It holds no model and makes no decisions. The relay app carries a copy of this
+module and of the lean modules it imports, as top-level modules
+(:func:`fedlightning.flower_app.export.write_lean_modules`), so that its process imports only
+``flwr``, not the fedlightning package.
 """
 
 from __future__ import annotations
@@ -19,17 +21,48 @@ from multiprocessing.connection import Client
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedlightning.flower_app.envelope import recv_frame, send_frame
 from fedlightning.flower_app.transport import GridTransport
 
 app = ServerApp()
-
-#: the transport calls the backend may ask for
-CALLS = ("node_ids", "served", "exchange")
 
 
 def _address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host, int(port)
+
+
+def answer(transport: GridTransport, call: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """The answer frame to a call frame: ``node_ids``; ``served`` (``node_ids``,
+    ``num_clients``, ``timeout``); ``exchange`` (``message_type``, ``group_id``, ``nodes``,
+    ``timeout``, one blob per node: per node ``{"error"}`` or ``{"timing"}``, the replies' blobs
+    in order); ``secure_exchange`` (``group_id``, ``nodes``, ``options``, ``timeout``, one blob per
+    node: ``contributors``, ``failures``, ``nodes`` whose plain parts follow the aggregate)."""
+    name = call["call"]
+    if name == "node_ids":
+        return {"value": transport.node_ids()}, []
+    if name == "served":
+        served = transport.served(call["node_ids"], call["num_clients"], call["timeout"])
+        return {"value": [[node, ids] for node, ids in served.items()]}, []
+    requests = list(zip(call["nodes"], blobs, strict=True))
+    if name == "exchange":
+        replies = transport.exchange(
+            call["message_type"], call["group_id"], requests, call["timeout"]
+        )
+        header = [
+            {"error": r} if isinstance(r, str) else {"timing": timing} for r, timing in replies
+        ]
+        return {"value": header}, [r for r, _ in replies if not isinstance(r, str)]
+    if name == "secure_exchange":
+        out = transport.secure_exchange(
+            call["group_id"], requests, call["options"], call["timeout"]
+        )
+        aggregate = [] if out["aggregate"] is None else [out["aggregate"]]
+        nodes = list(out["plain"])
+        header = {"contributors": out["contributors"], "failures": out["failures"],
+                  "nodes": nodes, "aggregate": bool(aggregate)}  # fmt: skip
+        return {"value": header}, [*aggregate, *(out["plain"][n] for n in nodes)]
+    raise KeyError(f"unknown relay call {name!r}")
 
 
 @app.main()
@@ -43,12 +76,13 @@ def main(grid: Grid, context: Context) -> None:
     with connection:
         while True:
             try:
-                name, args = connection.recv()
-            except EOFError:
+                call, blobs = recv_frame(connection)
+            except (EOFError, OSError):
                 return
-            if name not in CALLS:
+            if call.get("call") == "stop":
                 return
             try:
-                connection.send(("ok", getattr(transport, name)(*args)))
+                header, out = answer(transport, call, blobs)
+                send_frame(connection, {"status": "ok", **header}, out)
             except Exception:  # noqa: BLE001  (reported to the backend, which raises it)
-                connection.send(("error", traceback.format_exc()))
+                send_frame(connection, {"status": "error", "traceback": traceback.format_exc()})

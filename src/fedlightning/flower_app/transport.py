@@ -2,21 +2,30 @@
 
 :class:`GridTransport` is used where a ``Grid`` lives: inside a ServerApp (the exported app's, or
 the relay ServerApp through which a ``fedlightning fit`` process reaches a SuperLink,
-:mod:`fedlightning.flower_app.relay`). It pushes messages and pulls replies itself (polling every
-``poll`` seconds) instead of ``Grid.send_and_receive``, whose fixed 3 s sleep between pulls would
-dominate short rounds.
+:mod:`fedlightning.flower_app.relay`). A request is a node and a wire blob
+(:mod:`fedlightning.flower_app.envelope`); the answer is the reply's blob, or why there is none,
+and the timestamps of its way (:data:`Timing`). It pushes messages and pulls replies itself
+(polling every ``poll`` seconds) instead of ``Grid.send_and_receive``, whose fixed 3 s sleep
+between pulls would dominate short rounds. :meth:`GridTransport.secure_exchange` runs a round
+under Flower's SecAgg+ (:mod:`fedlightning.flower_app.secure_grid`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-#: what a request gets back: the reply content, or why there is none
-Reply = RecordDict | str
+from fedlightning.flower_app.envelope import timing_of, unwrap, wrap
+
+#: the reply's blob, or why there is none
+Reply = bytes | str
+#: per request: when it was pushed (``sent``), when its reply arrived (``received``) and the
+#: node's own timestamps (:mod:`fedlightning.flower_app.warm_client`), seconds since the epoch
+Timing = dict[str, float]
 
 
 class GridTransport:
@@ -34,14 +43,19 @@ class GridTransport:
         self, node_ids: Sequence[int], num_clients: int, timeout: float
     ) -> dict[int, list[int]]:
         """Per node that answered within ``timeout``, the client ids it serves."""
-        content = lambda: RecordDict({"query": ConfigRecord({"num_clients": num_clients})})  # noqa: E731
-        replies = self.exchange(
-            MessageType.QUERY, "query", [(n, content()) for n in node_ids], timeout
-        )
+        messages = [
+            Message(
+                RecordDict({"query": ConfigRecord({"num_clients": num_clients})}),
+                dst_node_id=node,
+                message_type=MessageType.QUERY,
+                group_id="query",
+            )  # fmt: skip
+            for node in node_ids
+        ]
         served: dict[int, list[int]] = {}
-        for node, reply in zip(node_ids, replies, strict=True):
-            if isinstance(reply, RecordDict):
-                ids = reply.config_records["served"]["client_ids"]
+        for node, (reply, _) in zip(node_ids, self.send_and_pull(messages, timeout), strict=True):
+            if isinstance(reply, Message) and not reply.has_error():
+                ids = reply.content.config_records["served"]["client_ids"]
                 served[node] = [int(c) for c in ids if int(c) >= 0]  # type: ignore[union-attr]
         return served
 
@@ -49,32 +63,69 @@ class GridTransport:
         self,
         message_type: str,
         group_id: str,
-        requests: Sequence[tuple[int, RecordDict]],
+        requests: Sequence[tuple[int, bytes]],
         timeout: float,
-    ) -> list[Reply]:
-        """Send each ``(node_id, content)``; per request, the reply's content or the reason there
-        is none (the node's error, or no reply within ``timeout`` seconds)."""
+    ) -> list[tuple[Reply, Timing]]:
+        """Send each ``(node_id, blob)``; per request, the reply's blob or the reason there is
+        none (the node's error, or no reply within ``timeout`` seconds), and its timing."""
         messages = [
-            Message(content, dst_node_id=node, message_type=message_type, group_id=group_id)
-            for node, content in requests
+            Message(wrap(blob), dst_node_id=node, message_type=message_type, group_id=group_id)
+            for node, blob in requests
         ]
+        out: list[tuple[Reply, Timing]] = []
+        for (node, _), (reply, timing) in zip(
+            requests, self.send_and_pull(messages, timeout), strict=True
+        ):
+            if reply is None:
+                out.append((f"node {node} did not reply within {timeout:g} s", timing))
+            elif reply.has_error():
+                reason = f"node {node}: Flower error {reply.error.code}: {reply.error.reason}"
+                out.append((reason, timing))
+            else:
+                out.append((unwrap(reply.content), {**timing_of(reply.content), **timing}))
+        return out
+
+    def send_and_pull(
+        self, messages: Sequence[Message], timeout: float | None
+    ) -> list[tuple[Message | None, Timing]]:
+        """Push ``messages`` and pull their replies until all came or ``timeout`` seconds
+        (``None``: no limit) passed; per message its reply (``None``: none) and its timing."""
+        sent = time.time()
         ids = list(self.grid.push_messages(messages))
         waiting = {mid: i for i, mid in enumerate(ids)}
-        replies: list[Reply] = [
-            f"node {node} did not reply within {timeout:g} s" for node, _ in requests
-        ]
-        deadline = time.monotonic() + timeout
-        while waiting and time.monotonic() < deadline:
+        out: list[tuple[Message | None, Timing]] = [(None, {"sent": sent}) for _ in messages]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while waiting and (deadline is None or time.monotonic() < deadline):
             for reply in self.grid.pull_messages(list(waiting)):
                 i = waiting.pop(reply.metadata.reply_to_message_id, None)
-                if i is None:
-                    continue
-                if reply.has_error():
-                    replies[i] = (
-                        f"node {requests[i][0]}: Flower error {reply.error.code}: {reply.error.reason}"
-                    )
-                else:
-                    replies[i] = reply.content
+                if i is not None:
+                    out[i] = (reply, {"sent": sent, "received": time.time()})
             if waiting:
                 time.sleep(self.poll)
-        return replies
+        return out
+
+    def secure_exchange(
+        self, group_id: str, requests: Sequence[tuple[int, bytes]], options: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:  # fmt: skip
+        """One round under Flower's SecAgg+ (:func:`fedlightning.flower_app.secure_grid.run`)."""
+        from fedlightning.flower_app.secure_grid import run
+
+        return run(_PollingGrid(self), int(group_id), requests, options, timeout)
+
+
+class _PollingGrid:
+    """The ``Grid`` the SecAgg+ workflow drives: ``send_and_receive`` polls every ``poll``
+    seconds (Flower's sleeps 3 s between pulls); anything else is the Grid's."""
+
+    def __init__(self, transport: GridTransport) -> None:
+        self._transport = transport
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        replies = self._transport.send_and_pull(list(messages), timeout)
+        return [reply for reply, _ in replies if reply is not None]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport.grid, name)

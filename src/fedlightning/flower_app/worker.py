@@ -3,11 +3,12 @@
 Started by the warm ClientApp (:mod:`fedlightning.flower_app.warm_client`) when a message finds
 no worker. It imports the fitting code once, then listens on the Unix socket ``ADDRESS``
 (``multiprocessing.connection``, authenticated with the key in the file ``KEY``) and answers
-``(message type, content, node config)`` requests one at a time with the replies of
-:func:`~fedlightning.flower_app.client.query_reply` and
-:func:`~fedlightning.flower_app.client.train_reply`: the same code the in-process ClientApp runs,
-with its per-process cache of the client module, the data module and the fitter kept warm across
-messages and rounds. It exits, removing its socket and key file, when the process ``OWNER`` (the
+requests one at a time, each a frame (:mod:`fedlightning.flower_app.envelope`: a JSON header with
+the message ``kind`` and the node config, and for ``train`` the message's blob; nothing is
+unpickled), with the replies of :func:`~fedlightning.flower_app.client.query_reply` and
+:func:`~fedlightning.flower_app.client.train_reply`, keeping the client module, the data module
+and the fitter warm across messages and rounds. A reply's header says ``ok`` (with the fit's
+start and end times) or ``error`` (with the traceback). It exits, removing its socket and key file, when the process ``OWNER`` (the
 SuperExec) is gone or on SIGTERM.
 """
 
@@ -33,11 +34,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve(address: str, key_file: str, owner: int) -> None:
-    """Answer requests on ``address`` until ``owner`` exits (module docstring)."""
+def answer(header: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+    """The reply frame to a request frame (module docstring)."""
     from fedlightning.flower_app.client import query_reply, train_reply
 
-    handlers = {"query": query_reply, "train": train_reply}
+    kind, node_config = header["kind"], header["node_config"]
+    if kind == "query":
+        return {"status": "ok", "served": query_reply(int(header["num_clients"]), node_config)}, []
+    if kind == "train":
+        began = time.time()
+        reply = train_reply(blobs[0], node_config)
+        return {"status": "ok", "fit_start": began, "fit_end": time.time()}, reply
+    raise KeyError(kind)
+
+
+def serve(address: str, key_file: str, owner: int) -> None:
+    """Answer requests on ``address`` until ``owner`` exits (module docstring)."""
+    import fedlightning.flower_app.client  # noqa: F401  (torch and Lightning, before listening)
+    from fedlightning.flower_app.envelope import recv_frame, send_frame
+
     key = Path(key_file).read_bytes()
     Path(address).unlink(missing_ok=True)
     listener = Listener(address, family="AF_UNIX", authkey=key)
@@ -61,12 +76,11 @@ def serve(address: str, key_file: str, owner: int) -> None:
             continue
         with connection:
             try:
-                kind, content, node_config = connection.recv()
-                reply = ("ok", handlers[kind](content, node_config))
+                reply = answer(*recv_frame(connection))
             except Exception:  # noqa: BLE001  (sent to the ClientApp, which raises it)
-                reply = ("error", traceback.format_exc())
+                reply = ({"status": "error", "traceback": traceback.format_exc()}, [])
             try:
-                connection.send(reply)
+                send_frame(connection, *reply)
             except OSError:
                 pass  # the ClientApp process went away
 

@@ -186,6 +186,7 @@ def prepare_run(
         loop.client_sampling, rate, loop.rounds, loop.min_clients,
     )  # fmt: skip
     loop.backend.check(model, fit_config, compute)
+    loop.backend.check_aggregator(loop.aggregator)
     validate_datamodule(datamodule)
     model.prepare_clients(datamodule)
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
