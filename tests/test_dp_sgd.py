@@ -66,6 +66,11 @@ def test_per_sample_gradients_equal_per_sample_autograd(make):
         losses.append(value.detach())
         for (name, p), g in zip(named, grads, strict=True):
             assert torch.allclose(g[j], p.grad, atol=1e-6), (name, j)
+    if isinstance(model, ScaffoldClient):  # it reports the data loss (docs/algorithms.md 1.4)
+        with torch.no_grad():
+            losses = [
+                ClientModule.local_loss(model, (x[j : j + 1], y[j : j + 1])) for j in range(len(y))
+            ]
     assert torch.allclose(loss, torch.stack(losses).mean())
     if isinstance(model, FedProx | ScaffoldClient):  # the data-free term is in every gradient
         plain = ClientModule.local_loss
@@ -174,12 +179,12 @@ def test_schedulers_step_as_in_the_plain_fit():
     model = ClientModule(network="mlp", network_kwargs={"hidden": [5]})
     optimizer = model.configure_optimizers()
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    from fedlightning.fit import SchedulerConfig, _step_schedulers
+    from fedlightning.optim_config import SchedulerConfig, step_schedulers
 
     x, y = batch(20)
     config = FitConfig(local_epochs=3, dp_sgd=DPSGD().settings())
     fit = DPSGDFit(config, TensorBatches(x, y, batch_size=5), seed=0, device=torch.device("cpu"))
-    steps = fit.run(model, optimizer, partial(_step_schedulers, [SchedulerConfig(scheduler)]))
+    steps = fit.run(model, optimizer, partial(step_schedulers, [SchedulerConfig(scheduler)]))
     assert steps == 12 and optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 0.5**3)
 
 
