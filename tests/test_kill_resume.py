@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 CONF = Path(__file__).parent / "conf" / "tiny.yaml"
 
 
-def _start(run_dir: Path, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fedlightning.cli", "fit", "--config", str(CONF),
+def _start(run_dir: Path, *args: str, config: Path = CONF) -> subprocess.Popen:
+    command = [sys.executable, "-m", "fedlightning.cli", "fit", "--config", str(config),
                "--loop.rounds", "400", "--loop.run_dir", str(run_dir), *args]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -59,3 +59,33 @@ def test_sigkill_always_leaves_a_resumable_checkpoint(cli, tmp_path):
     assert (run_dir / "global.pt").read_bytes() == (
         tmp_path / "straight" / "global.pt"
     ).read_bytes()
+
+
+def test_sigkill_with_client_state_on_disk_resumes_bitwise(cli, tmp_path):
+    """SCAFFOLD's c_i as files (``client_state: disk``): a kill at any moment (between a round's
+    state files and its checkpoint, while superseded files are deleted) resumes bitwise, and the
+    folder ends with one file per client that holds state."""
+    config = CONF.parent / "scaffold_tiny.yaml"
+    disk = ("--loop.client_state", "disk")
+    run_dir = tmp_path / "killed"
+    checkpoint = run_dir / "last.ckpt"
+    rng = random.Random(1)
+    rounds_seen = [0]
+    for attempt in range(4):
+        resume = ["--ckpt_path", str(checkpoint)] if attempt else []
+        process = _start(run_dir, *disk, *resume, config=config)
+        _kill_after_checkpoint(process, checkpoint, rounds_seen[-1], delay=rng.uniform(0.0, 0.4))
+        rounds_seen.append(torch.load(checkpoint, weights_only=True)["round"])
+    final = rounds_seen[-1] + 2
+    rounds = ("--loop.rounds", str(final))
+    cli(run_dir, *disk, *rounds, "--ckpt_path", str(checkpoint), config="scaffold_tiny.yaml")
+    cli(tmp_path / "straight", *disk, *rounds, config="scaffold_tiny.yaml")
+    for name in ("global.pt", "client_state"):
+        resumed, straight = run_dir / name, tmp_path / "straight" / name
+        if name == "global.pt":
+            assert resumed.read_bytes() == straight.read_bytes()
+        else:  # one file per stateful client, the same clients
+            owners = [
+                sorted(p.name.split(".")[0] for p in d.iterdir()) for d in (resumed, straight)
+            ]
+            assert owners[0] == owners[1] and len(set(owners[0])) == len(owners[0])
