@@ -169,6 +169,12 @@ def test_disk_store_refuses_a_folder_that_does_not_hold_the_checkpoint(tmp_path)
     store.commit()  # a later checkpoint of this run deleted version 2 of client 1
     with pytest.raises(ConfigurationError, match="does not hold this checkpoint's client states"):
         ClientStore("disk", tmp_path / "a").load_state_dict(checkpoint)
+    # a refused checkpoint leaves the store as it was (checked before anything is replaced)
+    before = store.state_dict()
+    with pytest.raises(ConfigurationError, match="does not hold this checkpoint's client states"):
+        store.load_state_dict(checkpoint)
+    assert store.state_dict() == before and store.client_ids() == [0, 1, 2]
+    assert store.get(1)["c"].item() == 1.0
     other = ClientStore("disk", tmp_path / "b")  # another run's (empty) folder
     with pytest.raises(ConfigurationError, match=r"3 clients with state.*found 0"):
         other.load_state_dict(checkpoint)

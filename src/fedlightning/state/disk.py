@@ -149,30 +149,28 @@ class DiskStates:
                 )
             live = {cid: int(name.split(".")[1]) for cid, name in files.items()}
         else:
-            live = {}
+            newest: dict[int, tuple[int, str]] = {}  # per client, its newest file <= the version
             for cid, version, kind in self._scan():
-                if version <= state["version"] and version > live.get(cid, (0, ""))[0]:
-                    live[cid] = (version, kind)
-            live = {cid: version for cid, (version, kind) in live.items() if kind == "pt"}
-        self._version = int(state["version"])
-        self._live = np.zeros(max(live, default=-1) + 1, dtype=np.int64)
-        self._live[list(live)] = list(live.values())
-        self._count = len(live)
-        self._digest = 0
+                if newest.get(cid, (0, ""))[0] < version <= state["version"]:
+                    newest[cid] = (version, kind)
+            live = {cid: version for cid, (version, kind) in newest.items() if kind == "pt"}
+        digest = 0
         for cid, version in live.items():
-            self._digest ^= entry_hash(cid, version)
-        self._superseded.clear()
-        if "files" in state:
-            return
-        found = (self._count, f"{self._digest:016x}")
-        if found != (state["clients"], state["digest"]):
+            digest ^= entry_hash(cid, version)
+        if "files" not in state and (len(live), f"{digest:016x}") != (
+            state["clients"], state["digest"]
+        ):  # fmt: skip
             raise ConfigurationError(
                 f"the client_state folder {str(self.directory)!r} does not hold this checkpoint's "
                 f"client states ({state['clients']} clients with state, digest {state['digest']}; "
-                f"found {found[0]}, digest {found[1]}): its files were deleted or changed since "
-                "(by a later run in this directory, or this is another run's folder); resume from "
-                "the run's own last.ckpt"
+                f"found {len(live)}, digest {digest:016x}): its files were deleted or changed "
+                "since (by a later run in this directory, or this is another run's folder); "
+                "resume from the run's own last.ckpt"
             )
+        self._version, self._count, self._digest = int(state["version"]), len(live), digest
+        self._live = np.zeros(max(live, default=-1) + 1, dtype=np.int64)
+        self._live[list(live)] = list(live.values())
+        self._superseded.clear()
 
     def open(self) -> None:
         """Before the first round, under the run directory's lock: delete every state file that
