@@ -111,13 +111,11 @@ class Ragged(Sequence):
         return Ragged.group(values, self.owners(), len(self))
 
     def take(self, mask: np.ndarray) -> Ragged:
-        """Each part restricted to the values where ``mask`` (one bool per value) holds, in order."""
+        """Each part restricted to the values where ``mask`` (one bool per value) holds, in
+        order (NumPy values)."""
         mask = np.asarray(mask, dtype=bool)
         kept = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
-        values = self.values[
-            torch.from_numpy(mask) if isinstance(self.values, torch.Tensor) else mask
-        ]
-        return Ragged(values, kept[self.offsets])
+        return Ragged(np.asarray(self.numpy().values)[mask], kept[self.offsets])
 
 
 def _offsets(sizes: np.ndarray) -> np.ndarray:
