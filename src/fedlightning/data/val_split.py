@@ -37,17 +37,23 @@ def holdout(parts: Ragged, fraction: float, seed: int) -> tuple[Ragged, Ragged]:
             f"client {cid} has {int(sizes[cid])} samples, none left for training after "
             f"val_fraction={fraction}: lower val_fraction or num_clients"
         )
-    # the one per-client Python loop of a partition: plain ints and lists, no per-client arrays
-    positions: list[int] = []
-    generator, order = torch.Generator(), torch.empty(0, dtype=torch.int64)
-    starts, lengths, holds = parts.offsets.tolist(), sizes.tolist(), num_val.tolist()
-    for cid in np.flatnonzero(num_val).tolist():
-        generator.manual_seed(derive_seed(seed, "val-split", cid))
-        torch.randperm(lengths[cid], generator=generator, out=order)
-        start = starts[cid]
-        positions.extend(start + i for i in order[: holds[cid]].tolist())
     held = np.zeros(len(parts.values), dtype=bool)
-    held[np.asarray(positions, dtype=np.int64)] = True
+    # the one per-client Python loop of a partition, by client size: clients of one size n hold
+    # out the same number, so one permutation buffer (a NumPy view of it) and one rows x held
+    # array serve them all, with no per-client Python lists
+    holding = np.flatnonzero(num_val)
+    for n in np.unique(sizes[holding]).tolist():
+        clients = holding[sizes[holding] == n]
+        hold = int(num_val[clients[0]])
+        order = torch.empty(n, dtype=torch.int64)
+        view = order.numpy()  # shares order's memory: randperm(out=order) of size n fills it
+        first = np.empty((len(clients), hold), dtype=np.int64)
+        generator = torch.Generator()
+        for row, cid in enumerate(clients.tolist()):
+            generator.manual_seed(derive_seed(seed, "val-split", cid))
+            torch.randperm(n, generator=generator, out=order)
+            first[row] = view[:hold]
+        held[(parts.offsets[clients][:, None] + first).reshape(-1)] = True
     return parts.take(~held).sorted(), parts.take(held).sorted()
 
 
