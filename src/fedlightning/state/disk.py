@@ -31,6 +31,7 @@ import hashlib
 import os
 import re
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -184,13 +185,13 @@ class DiskStates:
         for name in sorted(stale, key=lambda name: name.endswith(".none")):  # .none files last
             (self.directory / name).unlink(missing_ok=True)
 
-    def _scan(self) -> list[tuple[int, int, str]]:
-        """``(client, version, "pt" or "none")`` of every state file in the folder."""
+    def _scan(self) -> Iterator[tuple[int, int, str]]:
+        """``(client, version, "pt" or "none")`` of every state file in the folder, one at a time
+        (a list of them would be a Python tuple per client: ~13 MB at 100,000 clients)."""
         if not self.directory.is_dir():
-            return []
-        out = []
-        for entry in os.scandir(self.directory):
-            match = FILE_NAME.fullmatch(entry.name)
-            if match:
-                out.append((int(match[1]), int(match[2]), match[3]))
-        return out
+            return
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                match = FILE_NAME.fullmatch(entry.name)
+                if match:
+                    yield int(match[1]), int(match[2]), match[3]
