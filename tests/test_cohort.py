@@ -243,7 +243,7 @@ def test_dropout_masks_are_per_client_and_deterministic(tmp_path):
             num_clients=2, partition="iid", batch_size=32,
         )  # fmt: skip
         dm.setup("fit")
-        dm._train_idx[1] = dm._train_idx[0]  # the same samples for both clients
+        dm._train_idx[1].copy_(dm._train_idx[0])  # the same samples for both clients
         loop = FederatedLoop(
             rounds=1, clients_per_round=2, aggregator=recording(FedAvg), run_dir=str(tmp_path / name),
             progress_bar=False, plots=False, backend=CohortBackend(), seed=3, local_steps=1,

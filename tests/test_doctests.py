@@ -13,6 +13,7 @@ MODULES = [
     "fedlightning.server.functional",
     "fedlightning.clients.sgd_steps",
     "fedlightning.data.partition",
+    "fedlightning.data.ragged",
     "fedlightning.data.val_split",
     "fedlightning.data.writers",
     "fedlightning.seeding",

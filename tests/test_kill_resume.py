@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedlightning.state import ClientStore
+
 # about 20 s of repeated runs killed with SIGKILL; `make test-all` runs it
 pytestmark = pytest.mark.slow
 
 CONF = Path(__file__).parent / "conf" / "tiny.yaml"
 
 
-def _start(run_dir: Path, *args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "fedlightning.cli", "fit", "--config", str(CONF),
+def _start(run_dir: Path, *args: str, config: Path = CONF) -> subprocess.Popen:
+    command = [sys.executable, "-m", "fedlightning.cli", "fit", "--config", str(config),
                "--loop.rounds", "400", "--loop.run_dir", str(run_dir), *args]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -83,9 +85,9 @@ def test_sigkill_during_a_background_checkpoint_write_leaves_a_resumable_checkpo
             break
     assert hit, "no kill landed while a checkpoint write was in flight"
     state = torch.load(checkpoint, weights_only=True)  # the previous checkpoint, whole
-    assert all(
-        (run_dir / "client_state" / name).is_file() for name in state["clients"]["files"].values()
-    )
+    store = ClientStore("disk", run_dir / "client_state")
+    store.load_state_dict(state["clients"])  # its state files are all there (count and digest)
+    assert len(store) == state["clients"]["clients"] > 0
     final = int(state["round"]) + 2
     cli(run_dir, *run, "--loop.rounds", str(final), "--ckpt_path", str(checkpoint))
     assert not any(run_dir.glob(".last.ckpt.tmp-*"))  # the resume removed the torn temporary
@@ -112,3 +114,33 @@ def _kill_during_a_write(
         time.sleep(0.001)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+
+
+def test_sigkill_with_client_state_on_disk_resumes_bitwise(cli, tmp_path):
+    """SCAFFOLD's c_i as files (``client_state: disk``): a kill at any moment (between a round's
+    state files and its checkpoint, while superseded files are deleted) resumes bitwise, and the
+    folder ends with one file per client that holds state."""
+    config = CONF.parent / "scaffold_tiny.yaml"
+    disk = ("--loop.client_state", "disk")
+    run_dir = tmp_path / "killed"
+    checkpoint = run_dir / "last.ckpt"
+    rng = random.Random(1)
+    rounds_seen = [0]
+    for attempt in range(4):
+        resume = ["--ckpt_path", str(checkpoint)] if attempt else []
+        process = _start(run_dir, *disk, *resume, config=config)
+        _kill_after_checkpoint(process, checkpoint, rounds_seen[-1], delay=rng.uniform(0.0, 0.4))
+        rounds_seen.append(torch.load(checkpoint, weights_only=True)["round"])
+    final = rounds_seen[-1] + 2
+    rounds = ("--loop.rounds", str(final))
+    cli(run_dir, *disk, *rounds, "--ckpt_path", str(checkpoint), config="scaffold_tiny.yaml")
+    cli(tmp_path / "straight", *disk, *rounds, config="scaffold_tiny.yaml")
+    for name in ("global.pt", "client_state"):
+        resumed, straight = run_dir / name, tmp_path / "straight" / name
+        if name == "global.pt":
+            assert resumed.read_bytes() == straight.read_bytes()
+        else:  # one file per stateful client, the same clients
+            owners = [
+                sorted(p.name.split(".")[0] for p in d.iterdir()) for d in (resumed, straight)
+            ]
+            assert owners[0] == owners[1] and len(set(owners[0])) == len(owners[0])

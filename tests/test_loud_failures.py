@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fedlightning.loop.checkpoint as checkpoint_module
-import fedlightning.state as state_module
+import fedlightning.state.disk as state_module
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError

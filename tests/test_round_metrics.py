@@ -208,7 +208,7 @@ def test_validation_from_the_test_split():
     dm.setup("fit")
     table = dm.partition_table()
     assert table.sum() == 1437  # clients train on all their samples
-    held = torch.cat(dm._val_idx)
+    held = torch.cat(list(dm._val_idx))
     test_rows = torch.cat([x for x, _ in dm.test_dataloader()])
     assert len(held) == 72 and len(test_rows) == 360 - 72  # 1/5 of the test set held out
     for cid in range(4):

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from fedlightning.data import partition as P
 from fedlightning.data.flower import FLOWER_PARTITIONERS, flower_partition
 from fedlightning.data.loader import TensorBatches
+from fedlightning.data.ragged import Ragged
 from fedlightning.data.sources import SOURCES, DataSplit, load_source
-from fedlightning.data.val_split import proportional_split
+from fedlightning.data.val_split import holdout, proportional_split
 from fedlightning.errors import ConfigurationError
 from fedlightning.seeding import derive_seed
 
@@ -178,9 +179,10 @@ class FederatedDataModule(pl.LightningDataModule):
         )
         self.partition_options = dict(partition_options or {})
         self._data: DataSplit | None = None
-        self._parts: list[np.ndarray] | None = None
-        self._train_idx: list[torch.Tensor] = []
-        self._val_idx: list[torch.Tensor] = []
+        # each client's training and validation rows (sorted), flat: one tensor and offsets for
+        # all clients (fedlightning.data.ragged), set by setup
+        self._train_idx: Ragged | None = None
+        self._val_idx: Ragged | None = None
         self._test_idx: torch.Tensor | None = None  # the global test set's rows (None: all)
         # the training pool on the fitting device (see place_training_data); None: on the CPU
         self._device_pool: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -226,7 +228,7 @@ class FederatedDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         """Partition the training pool and split each client's part into train/val (idempotent)."""
-        if self._parts is not None:
+        if self._train_idx is not None:
             return
         labels = self.data.train_y.numpy()
         seed = self.seed if self.partition_seed is None else self.partition_seed
@@ -237,9 +239,11 @@ class FederatedDataModule(pl.LightningDataModule):
         elif self.partition == "shards":
             parts = P.shards(labels, self.num_clients, self.shards_per_client, seed)
         elif self.partition in FLOWER_PARTITIONERS:
-            parts = flower_partition(
-                self.partition, labels, self.num_clients, seed, self.partition_options,
-                self.data.client_ids,
+            parts = Ragged.from_parts(
+                flower_partition(
+                    self.partition, labels, self.num_clients, seed, self.partition_options,
+                    self.data.client_ids,
+                )
             )  # fmt: skip
         else:
             if self.data.client_ids is None:
@@ -253,28 +257,21 @@ class FederatedDataModule(pl.LightningDataModule):
                     f"num_clients={self.num_clients} exceeds the {len(parts)} writers in the LEAF data"
                 )
             parts = parts[: self.num_clients]
-        self._parts = parts
-        for cid, part in enumerate(parts):
-            order = torch.as_tensor(part)[torch.randperm(len(part), generator=_gen(seed, cid))]
-            num_val = math.floor(len(part) * self.val_fraction)
-            if len(part) - num_val < 1:
-                raise ConfigurationError(
-                    f"client {cid} has {len(part)} samples, none left for training after "
-                    f"val_fraction={self.val_fraction}: lower val_fraction or num_clients"
-                )
-            self._val_idx.append(order[:num_val].sort().values)
-            self._train_idx.append(order[num_val:].sort().values)
+        train, val = holdout(parts, self.val_fraction, seed)
         if self.val_from_test > 0:
-            self._split_test(seed)
+            val = self._split_test(train, seed)
+        self._train_idx, self._val_idx = train.torch(), val.torch()
 
-    def _split_test(self, seed: int) -> None:
-        """Hold ``val_from_test`` of the test set out as the clients' validation splits."""
+    def _split_test(self, train: Ragged, seed: int) -> Ragged:
+        """Hold ``val_from_test`` of the test set out as the clients' validation splits (dealt in
+        proportion to their ``train`` counts); returns them (rows of the test set)."""
         test_y = self.data.test_y
         order = torch.randperm(len(test_y), generator=_gen(seed, -1))
         held = order[: math.floor(len(test_y) * self.val_from_test)].sort().values
         self._test_idx = order[len(held) :].sort().values
-        parts = proportional_split(test_y[held].numpy(), self.partition_table(), seed)
-        self._val_idx = [held[torch.as_tensor(p, dtype=torch.int64)] for p in parts]
+        counts = P.count_table(self.data.train_y.numpy(), train, self.num_classes)
+        parts = proportional_split(test_y[held].numpy(), counts, seed)
+        return Ragged(held.numpy()[parts.values], parts.offsets)
 
     def _val_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the validation indices point: the test set with ``val_from_test``, else the
@@ -330,12 +327,16 @@ class FederatedDataModule(pl.LightningDataModule):
         self, client_ids: Sequence[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The validation samples of ``client_ids`` (``None``: every client) at once:
-        ``(x, y, client_id)``."""
-        ids = list(range(len(self._val_idx))) if client_ids is None else list(client_ids)
-        parts = [self._val_idx[c] for c in ids]
-        idx = torch.cat(parts)
-        sizes = torch.tensor([len(part) for part in parts], dtype=torch.int64)
-        owners = torch.repeat_interleave(torch.tensor(ids, dtype=torch.int64), sizes)
+        ``(x, y, client_id)``, by client."""
+        if client_ids is None:  # the flat index as stored
+            idx = self._val_idx.values
+            owners = torch.from_numpy(self._val_idx.owners())
+        else:
+            ids = list(client_ids)
+            parts = [self._val_idx[c] for c in ids]
+            idx = torch.cat(parts) if parts else self._val_idx.values[:0]
+            sizes = torch.tensor([len(part) for part in parts], dtype=torch.int64)
+            owners = torch.repeat_interleave(torch.tensor(ids, dtype=torch.int64), sizes)
         x, y = self._val_pool()
         return x[idx], y[idx], owners
 
@@ -349,18 +350,21 @@ class FederatedDataModule(pl.LightningDataModule):
     # -- partition report -----------------------------------------------------------------------
     def partition_table(self) -> np.ndarray:
         """Clients x classes training-sample counts (val samples excluded)."""
-        labels = self.data.train_y.numpy()
-        return P.count_table(labels, [i.numpy() for i in self._train_idx], self.num_classes)
+        return P.count_table(self.data.train_y.numpy(), self._train_idx, self.num_classes)
 
     def partition_hash(self) -> str:
-        return P.partition_hash([i.numpy() for i in self._train_idx])
+        return P.partition_hash(self._train_idx)
 
     def save_partition(self, path: str | Path) -> None:
         """Write the clients x classes table as CSV (``client,class_0,...``)."""
         table = self.partition_table()
-        header = "client," + ",".join(f"class_{c}" for c in range(table.shape[1]))
-        rows = [f"{cid}," + ",".join(str(v) for v in row) for cid, row in enumerate(table)]
-        Path(path).write_text("\n".join([header, *rows]) + "\n")
+        with open(path, "w") as handle:
+            handle.write("client," + ",".join(f"class_{c}" for c in range(table.shape[1])) + "\n")
+            for start in range(0, len(table), 4096):  # a few rows at a time: any number of clients
+                rows = table[start : start + 4096].tolist()
+                handle.writelines(
+                    f"{start + i}," + ",".join(map(str, row)) + "\n" for i, row in enumerate(rows)
+                )
 
 
 def _gen(seed: int, client_id: int) -> torch.Generator:

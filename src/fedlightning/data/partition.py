@@ -1,8 +1,10 @@
 """Federated partitions: pure functions of (labels, number of clients, parameters, seed).
 
-Each partitioner returns one ``int64`` index array per client into the pool it was given; every
-sample is assigned to exactly one client (docs/algorithms.md section 4). ``count_table`` turns a
-partition into the clients x classes table that every run saves as ``partition.csv``.
+Each partitioner returns one sorted ``int64`` index array per client into the pool it was given,
+as a :class:`~fedlightning.data.ragged.Ragged` (a sequence of arrays stored flat: vectorised at
+any number of clients); every sample is assigned to exactly one client (docs/algorithms.md section
+4). ``count_table`` turns a partition into the clients x classes table that every run saves as
+``partition.csv``.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedlightning.data.ragged import Ragged
 from fedlightning.errors import ConfigurationError, require
 
 PARTITIONS = ("iid", "dirichlet", "shards", "natural")
 
 
-def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
+def iid(labels: np.ndarray, num_clients: int, seed: int) -> Ragged:
     """Shuffle all indices and split them into ``num_clients`` parts whose sizes differ by <= 1.
 
     >>> labels = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2])
@@ -26,7 +29,8 @@ def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
     """
     _check_num_clients(num_clients, len(labels))
     order = np.random.default_rng(seed).permutation(len(labels))
-    return [np.sort(part) for part in np.array_split(order, num_clients)]
+    # np.array_split's cut: the first len % num_clients parts are one longer
+    return Ragged.group(order, _chunk_owners(len(order), num_clients), num_clients)
 
 
 def dirichlet(
@@ -36,7 +40,7 @@ def dirichlet(
     seed: int,
     min_size: int = 10,
     max_tries: int = 1000,
-) -> list[np.ndarray]:
+) -> Ragged:
     """Label-skewed partition (Hsu et al. 2019, arXiv:1909.06335; NIID-Bench, arXiv:2102.02079).
 
     For every class c, proportions ``q_c ~ Dir(beta * 1_N)`` over the N clients decide how the
@@ -65,25 +69,25 @@ def dirichlet(
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
     for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        values, owners = [], []
         for c in classes:
             idx = rng.permutation(np.flatnonzero(labels == c))
             proportions = rng.dirichlet(np.full(num_clients, beta))
             cuts = (np.cumsum(proportions)[:-1] * len(idx)).astype(np.int64)
-            for client, chunk in enumerate(np.split(idx, cuts)):
-                parts[client].append(chunk)
-        sizes = [sum(len(chunk) for chunk in part) for part in parts]
-        if min(sizes) >= min_size:
-            return [np.sort(np.concatenate(part)).astype(np.int64) for part in parts]
+            # np.split(idx, cuts)'s chunks (cuts never decrease): position j goes to the client
+            # whose chunk [cuts[k-1], cuts[k]) holds it
+            values.append(idx)
+            owners.append(np.searchsorted(cuts, np.arange(len(idx)), side="right"))
+        owner = np.concatenate(owners)
+        if np.bincount(owner, minlength=num_clients).min() >= min_size:
+            return Ragged.group(np.concatenate(values), owner, num_clients)
     raise ConfigurationError(
         f"dirichlet(beta={beta}) gave some client fewer than min_size={min_size} samples in "
         f"{max_tries} draws: raise beta, lower min_size or use fewer clients"
     )
 
 
-def shards(
-    labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int
-) -> list[np.ndarray]:
+def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int) -> Ragged:
     """Pathological non-IID split of McMahan et al. 2017 (arXiv:1602.05629, section 3).
 
     Sort the indices by label (ties broken by a seeded shuffle), cut them into
@@ -112,14 +116,13 @@ def shards(
     rng = np.random.default_rng(seed)
     shuffled = rng.permutation(len(labels))
     by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
-    pieces = np.array_split(by_label, num_shards)
+    # np.array_split(by_label, num_shards)'s shards; client c gets shards owner_of_shard[c::N],
+    # i.e. the shard at position j of owner_of_shard goes to client j % N
     owner_of_shard = rng.permutation(num_shards)
-    return [
-        np.sort(np.concatenate([pieces[s] for s in owner_of_shard[c::num_clients]])).astype(
-            np.int64
-        )
-        for c in range(num_clients)
-    ]
+    client_of_shard = np.empty(num_shards, np.int64)
+    client_of_shard[owner_of_shard] = np.arange(num_shards) % num_clients
+    owners = client_of_shard[_chunk_owners(len(by_label), num_shards)]
+    return Ragged.group(by_label, owners, num_clients)
 
 
 #: FML's Non-IID(k) (Shen et al. 2020, arXiv:2006.16765, experiments): label-sorted shards a client
@@ -144,7 +147,7 @@ def fml_non_iid_shards(level: int) -> int:
     return FML_NON_IID_SHARDS[level]
 
 
-def natural(client_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+def natural(client_ids: Sequence[int] | np.ndarray) -> Ragged:
     """A data set's own client ids (e.g. FEMNIST writers): client k owns the samples tagged k.
 
     ``client_ids`` holds, per sample, a client index in ``[0, num_clients)``.
@@ -152,12 +155,14 @@ def natural(client_ids: Sequence[int] | np.ndarray) -> list[np.ndarray]:
     >>> [part.tolist() for part in natural([0, 1, 0, 2, 1])]
     [[0, 2], [1, 4], [3]]
     """
-    client_ids = np.asarray(client_ids)
+    client_ids = np.asarray(client_ids, dtype=np.int64)
     num_clients = int(client_ids.max()) + 1 if len(client_ids) else 0
-    parts = [np.flatnonzero(client_ids == k).astype(np.int64) for k in range(num_clients)]
-    empty = [k for k, part in enumerate(parts) if len(part) == 0]
-    if empty:
-        raise ConfigurationError(f"natural partition leaves clients {empty[:10]} without samples")
+    parts = Ragged.group(np.arange(len(client_ids)), client_ids, num_clients)
+    empty = np.flatnonzero(parts.sizes() == 0)
+    if len(empty):
+        raise ConfigurationError(
+            f"natural partition leaves clients {empty[:10].tolist()} without samples"
+        )
     return parts
 
 
@@ -168,7 +173,16 @@ def count_table(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: in
     array([[1, 1, 0],
            [1, 0, 1]])
     """
-    return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]).astype(np.int64)
+    rows = Ragged.from_parts(parts).numpy()
+    picked = np.asarray(labels)[rows.values]
+    if len(picked) and (picked.min() < 0 or picked.max() >= num_classes):
+        raise ConfigurationError(
+            f"labels must lie in [0, {num_classes}) for a clients x classes table, got range "
+            f"[{picked.min()}, {picked.max()}]"
+        )
+    cells = rows.owners() * num_classes + picked
+    counts = np.bincount(cells, minlength=len(rows) * num_classes)
+    return counts.reshape(len(rows), num_classes).astype(np.int64)
 
 
 def label_entropy(table: np.ndarray) -> np.ndarray:
@@ -191,11 +205,25 @@ def partition_hash(parts: Sequence[np.ndarray]) -> str:
     >>> partition_hash([np.array([0]), np.array([1, 2])])  # the same samples, split otherwise
     'a692e6d897c32e0f'
     """
+    rows = Ragged.from_parts(parts).numpy()
     digest = hashlib.sha256()
-    for part in parts:
-        digest.update(np.asarray(part, dtype=np.int64).tobytes())
-        digest.update(b"|")
+    for start in range(0, len(rows), 65536):  # every part's int64 bytes, then b"|"
+        chunk = rows[start : start + 65536]
+        values = np.ascontiguousarray(chunk.values, dtype=np.int64).view(np.uint8)
+        data = np.full(len(values) + len(chunk), ord("|"), dtype=np.uint8)
+        is_value = np.ones(len(data), dtype=bool)
+        is_value[chunk.offsets[1:] * 8 + np.arange(len(chunk))] = False
+        data[is_value] = values
+        digest.update(data)
     return digest.hexdigest()[:16]
+
+
+def _chunk_owners(length: int, num_chunks: int) -> np.ndarray:
+    """Which of ``np.array_split(range(length), num_chunks)``'s chunks each position falls in."""
+    size, longer = divmod(length, num_chunks)
+    sizes = np.full(num_chunks, size, dtype=np.int64)
+    sizes[:longer] += 1
+    return np.repeat(np.arange(num_chunks, dtype=np.int64), sizes)
 
 
 def _check_num_clients(num_clients: int, num_samples: int) -> None:

@@ -162,7 +162,11 @@ def make_synthetic(
     def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = torch.arange(n) % num_classes
         y = y[torch.randperm(n, generator=gen)]
-        x = prototypes[y] + noise * torch.randn((n, *shape), generator=gen)
+        # prototypes[y] + noise * eps, bit for bit, in eps's memory: no temporary the size of
+        # the data set (only one class's rows at a time)
+        x = torch.randn((n, *shape), generator=gen).mul_(noise)
+        for c in range(num_classes):
+            x[y == c] += prototypes[c]
         return x, y
 
     train_x, train_y = draw(num_samples)

@@ -1,17 +1,63 @@
-"""Client validation splits taken from the test set (FML section 4: "1/5 test data as private
-validate data"; docs/algorithms.md section 4).
+"""Client validation splits (docs/algorithms.md section 4): held out of each client's own samples
+(:func:`holdout`), or taken from the test set (FML section 4: "1/5 test data as private validate
+data"; :func:`proportional_split`).
 
-:func:`proportional_split` deals held-out test samples to the clients class by class, each class
-in proportion to the clients' training counts of that class, so every client validates on its own
-label distribution.
+Both work on :class:`~fedlightning.data.ragged.Ragged` partitions, vectorised but for one seeded
+permutation per client that holds out samples.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from fedlightning.data.ragged import Ragged
+from fedlightning.errors import ConfigurationError
+from fedlightning.seeding import derive_seed
 
 
-def proportional_split(labels: np.ndarray, counts: np.ndarray, seed: int) -> list[np.ndarray]:
+def holdout(parts: Ragged, fraction: float, seed: int) -> tuple[Ragged, Ragged]:
+    """``(train, val)``, each part sorted: client c's samples (``parts[c]``, in the partition's
+    order) shuffled by ``torch.randperm`` from a generator seeded with
+    ``derive_seed(seed, "val-split", c)``, the first ``floor(n_c * fraction)`` of them its
+    validation split and the rest its training split. A client that holds out nothing draws no
+    permutation (its split would not depend on it).
+
+    >>> train, val = holdout(Ragged.from_parts([np.arange(10), np.array([12, 11])]), 0.2, seed=0)
+    >>> [len(p) for p in train], [len(p) for p in val], val[1].tolist()
+    ([8, 2], [2, 0], [])
+    """
+    parts = parts.numpy()
+    sizes = parts.sizes()
+    num_val = np.floor(sizes * fraction).astype(np.int64)
+    short = np.flatnonzero(sizes - num_val < 1)
+    if len(short):
+        cid = int(short[0])
+        raise ConfigurationError(
+            f"client {cid} has {int(sizes[cid])} samples, none left for training after "
+            f"val_fraction={fraction}: lower val_fraction or num_clients"
+        )
+    held = np.zeros(len(parts.values), dtype=bool)
+    # the one per-client Python loop of a partition, by client size: clients of one size n hold
+    # out the same number, so one permutation buffer (a NumPy view of it) and one rows x held
+    # array serve them all, with no per-client Python lists
+    holding = np.flatnonzero(num_val)
+    for n in np.unique(sizes[holding]).tolist():
+        clients = holding[sizes[holding] == n]
+        hold = int(num_val[clients[0]])
+        order = torch.empty(n, dtype=torch.int64)
+        view = order.numpy()  # shares order's memory: randperm(out=order) of size n fills it
+        first = np.empty((len(clients), hold), dtype=np.int64)
+        generator = torch.Generator()
+        for row, cid in enumerate(clients.tolist()):
+            generator.manual_seed(derive_seed(seed, "val-split", cid))
+            torch.randperm(n, generator=generator, out=order)
+            first[row] = view[:hold]
+        held[(parts.offsets[clients][:, None] + first).reshape(-1)] = True
+    return parts.take(~held).sorted(), parts.take(held).sorted()
+
+
+def proportional_split(labels: np.ndarray, counts: np.ndarray, seed: int) -> Ragged:
     """One sorted index array (into ``labels``) per client.
 
     For class c with ``m_c`` samples and client training counts ``n_ic`` (``counts``: clients x
@@ -26,7 +72,7 @@ def proportional_split(labels: np.ndarray, counts: np.ndarray, seed: int) -> lis
     """
     rng = np.random.default_rng(seed)
     num_clients = counts.shape[0]
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    values, owners = [], []
     for c in range(counts.shape[1]):
         members = rng.permutation(np.flatnonzero(labels == c))
         weights = counts[:, c].astype(np.float64)
@@ -37,6 +83,8 @@ def proportional_split(labels: np.ndarray, counts: np.ndarray, seed: int) -> lis
         remainder = len(members) - int(share.sum())
         order = np.lexsort((np.arange(num_clients), -(exact - share)))
         share[order[:remainder]] += 1
-        for client, piece in enumerate(np.split(members, np.cumsum(share)[:-1])):
-            parts[client].append(piece)
-    return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
+        values.append(members)  # client i takes the next share[i] of them, in client order
+        owners.append(np.repeat(np.arange(num_clients, dtype=np.int64), share))
+    if not values:
+        return Ragged(np.zeros(0, np.int64), np.zeros(num_clients + 1, np.int64))
+    return Ragged.group(np.concatenate(values), np.concatenate(owners), num_clients)

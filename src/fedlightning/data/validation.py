@@ -35,12 +35,22 @@ def integer_labels(raw: object, where: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def nonfinite_rows(x: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
+    """One bool per sample of ``x``: whether any of its values is NaN/Inf (checked ``chunk``
+    samples at a time: ``isfinite`` makes temporaries the size of what it checks)."""
+    flat = x.reshape(len(x), -1)
+    bad = torch.zeros(len(x), dtype=torch.bool)
+    for start in range(0, len(x), chunk):
+        bad[start : start + chunk] = ~torch.isfinite(flat[start : start + chunk]).all(dim=1)
+    return bad
+
+
 def finite_inputs(x: np.ndarray | torch.Tensor, where: str) -> None:
     """Refuse NaN/Inf inputs, naming the first bad sample."""
     values = torch.as_tensor(x)
     if not values.is_floating_point():
         return
-    bad = ~torch.isfinite(values.reshape(len(values), -1)).all(dim=1) if len(values) else None
+    bad = nonfinite_rows(values) if len(values) else None
     if bad is not None and bool(bad.any()):
         first = int(bad.nonzero()[0])
         raise ConfigurationError(
@@ -70,18 +80,17 @@ def validate_datamodule(dm: FederatedDataModule) -> None:
     labels_in_range(data.test_y, dm.num_classes, f"{name}, test set")
     labels_in_range(data.train_y, dm.num_classes, f"{name}, training set")
     if data.train_x.is_floating_point():
-        bad_rows = ~torch.isfinite(data.train_x.reshape(len(data.train_x), -1)).all(dim=1)
+        bad_rows = nonfinite_rows(data.train_x)
         if bool(bad_rows.any()):
-            bad_clients = [
-                cid
-                for cid in range(dm.num_clients)
-                if bool(bad_rows[dm._train_idx[cid]].any() or bad_rows[dm._val_idx[cid]].any())
-            ]
+            splits = [dm._train_idx] + ([dm._val_idx] if dm.val_from_test == 0 else [])
+            bad_clients = np.unique(
+                np.concatenate([s.owners()[bad_rows[s.values].numpy()] for s in splits])
+            ).tolist()
             raise ConfigurationError(
                 f"{name}: {int(bad_rows.sum())} training sample(s) have NaN/Inf inputs, held by "
                 f"client(s) {bad_clients[:10]}{' ...' if len(bad_clients) > 10 else ''}: clean "
                 "the data"
             )
-    for cid in range(dm.num_clients):
-        if dm.client_num_samples(cid) == 0:
-            raise ConfigurationError(f"{name}: client {cid} has no training samples")
+    empty = np.flatnonzero(dm._train_idx.sizes() == 0)
+    if len(empty):
+        raise ConfigurationError(f"{name}: client {int(empty[0])} has no training samples")

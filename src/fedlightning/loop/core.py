@@ -94,8 +94,10 @@ class FederatedLoop:
             way, failures that are bugs stop the run (:mod:`fedlightning.loop.failures`). A round
             that leaves NaN/Inf in the server state or a non-finite test loss is a failed round
             too: its aggregation is undone (:mod:`fedlightning.loop.server_guard`).
-        client_state: keep per-client state in ``memory`` or on ``disk`` under
-            ``run_dir/client_state`` (bounded memory for thousands of stateful clients).
+        client_state: keep per-client state in ``memory`` (every checkpoint then holds every
+            client's state, so its cost grows with the clients that have state) or on ``disk``
+            under ``run_dir/client_state`` (a file per client; memory and checkpoints stay the
+            same size however many clients have state: :mod:`fedlightning.state.disk`).
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
         loggers: Lightning loggers besides the CSV logger (``metrics.csv``), each by
             ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...).
@@ -401,8 +403,9 @@ class FederatedLoop:
 
     # -- checkpoints ----------------------------------------------------------------------------
     def _save_checkpoint(self, run: RunState, rounds_done: int, writer: CheckpointWriter) -> None:
+        clients = self.store.state_dict()
         checkpoint = make_checkpoint(
-            rounds_done, run.identity, self.aggregator.state_dict(), self.store.state_dict(),
+            rounds_done, run.identity, self.aggregator.state_dict(), clients,
             self.history, {"wandb": self.reporter.wandb_id()},
             {"communication": self.communication.state_dict(), "target": self.target.state_dict(),
              "privacy": self.privacy.state_dict()},
@@ -411,7 +414,7 @@ class FederatedLoop:
 
         def written() -> None:  # on the loop's thread, once the file is on disk
             run.last_checkpoint = (rounds_done, str(path))
-            self.store.commit(written=checkpoint["clients"])
+            self.store.commit(clients)  # the state files this checkpoint no longer needs
 
         writer.submit(checkpoint, path, written)
 

@@ -10,7 +10,7 @@
    checkpoint's server and client state. Nothing is written yet. Returns the
    :class:`~fedlightning.loop.run_state.RunState` the rounds consume.
 3. :func:`open_run`, inside the locked run directory: restore the RNG states of a resume, remove
-   stale temporaries, write ``config.yaml``, ``partition.csv`` and ``partition.png``, open the
+   stale temporaries and client state files, write ``config.yaml``, ``partition.csv`` and ``partition.png``, open the
    loggers.
 
 These functions read the loop's options and call its components (aggregator, backend, store,
@@ -259,6 +259,7 @@ def open_run(
         restore_rng(run.checkpoint)
         wandb_id = run.checkpoint.get("wandb_id")
     remove_stale_temporaries(loop.run_dir)
+    loop.store.open()  # client state files of a run killed before its next checkpoint
     write_marked(loop.run_dir / "config.yaml", *config_yaml(loop, model, dm))
     dm.save_partition(loop.run_dir / "partition.csv")
     loop.reporter.plot_partition(dm)

@@ -15,6 +15,7 @@ every upload owns every key there is one such set, and the result is the rule's 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -280,7 +281,14 @@ def owner_counts(
     keys: Sequence[str], key_sets: Sequence[frozenset[str]] | None, num_clients: int
 ) -> dict[str, int]:
     """``N_p``: how many of the ``num_clients`` clients own each key (all of them when
-    ``key_sets``, one per client, is ``None``)."""
+    ``key_sets``, one per client, is ``None``).
+
+    >>> owner_counts(["a", "b"], [frozenset("a"), frozenset("ab"), frozenset("a")], 3)
+    {'a': 3, 'b': 1}
+    >>> owner_counts(["a", "b"], None, 5)
+    {'a': 5, 'b': 5}
+    """
     if key_sets is None:
         return dict.fromkeys(keys, num_clients)
-    return {k: sum(k in ks for ks in key_sets) for k in keys}
+    clients_of = Counter(key_sets)  # clients share a few key sets: count over those, not clients
+    return {k: sum(n for ks, n in clients_of.items() if k in ks) for k in keys}
