@@ -1,6 +1,9 @@
 """User-written client objectives for the reliability tests, named by ``class_path`` in CLI runs
 (this folder is on ``sys.path`` under pytest)."""
 
+import os
+import signal
+
 import torch
 
 from fedlightning.clients import ClientModule, ScaffoldClient
@@ -113,3 +116,46 @@ class FailsEveryOtherRound(ClientModule):
         FailsEveryOtherRound.fits += 1
         if round_index % 2 == 1:
             raise (ValueError if client_id % 2 else KeyError)(f"flaky client {client_id}")
+
+
+class ManualOptimization(ClientModule):
+    """Manual optimization as Lightning users write it (so every fit runs on a Trainer): one SGD
+    step per batch with ``manual_backward``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        loss = self.local_loss(batch)
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+class SignalMidFit:
+    """Put in front of an objective: with ``FEDLIGHTNING_TEST_SIGNAL=NAME:N`` in the environment,
+    the N-th client fit of the process sends signal NAME (INT, TERM) to its own process from its
+    first training step, as a Ctrl-C or a cluster's SIGTERM lands in the middle of a fit.
+    Overriding ``training_step`` makes every fit a Lightning Trainer fit."""
+
+    fits = 0
+
+    def training_step(self, batch, batch_idx):
+        wanted = os.environ.get("FEDLIGHTNING_TEST_SIGNAL")
+        if wanted and self.trainer.current_epoch == 0 and batch_idx == 0:
+            SignalMidFit.fits += 1
+            name, at = wanted.split(":")
+            if SignalMidFit.fits == int(at):
+                os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+        return super().training_step(batch, batch_idx)
+
+
+class TrainerFitSignalled(SignalMidFit, ClientModule):
+    """ClientModule's loss on a Trainer, signalled mid-fit (:class:`SignalMidFit`)."""
+
+
+class ManualOptimizationSignalled(SignalMidFit, ManualOptimization):
+    """:class:`ManualOptimization` signalled mid-fit (:class:`SignalMidFit`)."""
