@@ -262,6 +262,7 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
             ax.plot(
                 *mean_curve([curves[Run(algorithm, beta, s)] for s in range(args.seeds)]),
                 label=label,
+                marker=".",  # a short run has few evaluations: a line of one point is a dot
             )
         ax.set(
             title=f"{args.dataset}, Dirichlet beta {beta} (mean of {args.seeds} seeds)",
@@ -275,11 +276,13 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
             *mean_curve([curves[Run("fedavg", beta, s)] for s in seeds]),
             label="FedAvg",
             color="black",
+            marker=".",
         )
         for rule in RULES:
             ax.plot(
                 *mean_curve([curves[Run("fedcross", beta, s, rule, 0.99)] for s in seeds]),
                 label=f"{rule}, 0.99",
+                marker=".",
             )
         ax.plot(
             *mean_curve(
@@ -287,6 +290,7 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
             ),
             label="lowest, 0.999",
             linestyle="--",
+            marker=".",
         )
         ax.set(title=f"ablation, beta {beta}", xlabel="round", ylabel="test accuracy")
     for ax in axes[0]:
