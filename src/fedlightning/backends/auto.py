@@ -73,6 +73,7 @@ class AutoBackend(Backend):
         message = f"backend: auto chose {type(self.chosen).__name__} ({self.reason})"
         log.info(message)
         print(message, file=sys.stderr)  # the run's console line, beside the loop's done line
+        self.chosen.on_client_done = self.on_client_done  # the loop set it on this backend
         self.chosen.start(model, datamodule, config)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:

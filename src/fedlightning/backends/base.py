@@ -33,8 +33,10 @@ class WorkerLost(RuntimeError):
 class Backend(ABC):
     """Runs client fits. Lifecycle: ``start`` once per run, ``run`` once per round, ``stop``.
 
-    ``on_client_done`` (set by the loop) may be called with a client id after each fit, for
-    progress reports in long rounds; backends that fit all clients at once never call it."""
+    ``on_client_done`` (set by the loop) is called with each client's id when its fit ends
+    (succeeded or failed), for the progress line of long rounds: after each fit (sequential), as
+    each actor finishes (Ray), when a cohort's one vectorized fit ends (cohort), or when a
+    SuperNode's reply arrives (Flower). A backend that delegates passes it on."""
 
     on_client_done: Callable[[int], None] | None = None
 

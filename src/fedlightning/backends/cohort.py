@@ -105,6 +105,8 @@ class CohortBackend(Backend):
         results: RoundResults = {}
         for number, cohort in enumerate(groups.values()):
             results.update(self._run_cohort(round_index, number, cohort))
+            for job in cohort if self.on_client_done is not None else ():
+                self.on_client_done(job.client_id)  # a cohort's clients finish together
         # the global RNG as a sequential round leaves it: seeded for the last client's fit
         seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))
         return results

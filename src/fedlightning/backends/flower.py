@@ -214,6 +214,8 @@ class FlowerBackend(Backend):
                 self.served.pop(node, None)  # asked again when listed again
             for job in batch:
                 cid = job.client_id
+                if self.on_client_done is not None:  # a node's clients come back together
+                    self.on_client_done(cid)
                 if isinstance(reply, str):
                     results[cid] = WorkerLost(f"client {cid} on SuperNode {node}: {reply}")
                     continue
