@@ -11,10 +11,10 @@ help:  ## list the targets
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev,ray,data,hf,flower]'
+	$(PY) -m pip install --quiet -e '.[dev,ray,data,hf,flower,tensorboard]'
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools, Ray, HF datasets and Flower; idempotent
+install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools, Ray, HF datasets, Flower and TensorBoard; idempotent
 
 demo: install  ## federated training on the bundled digits data (offline, about a minute)
 	$(VENV)/bin/fedlightning fit --config configs/quickstart.yaml

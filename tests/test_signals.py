@@ -4,8 +4,8 @@ optimization), the cohort backend, Ray, ``fedlightning cofed``. The run prints o
 round its checkpoint holds and ``--ckpt_path``, then the command that resumes it, exits 130
 (SIGINT) or 143 (SIGTERM), leaves that checkpoint intact, and the resumed run ends bitwise equal
 to an uninterrupted one. Real signals throughout: sent by the process to itself from inside a fit
-(deterministic, in the default suite), or by the test to a real ``fedlightning`` subprocess at a
-random moment (slow)."""
+(deterministic: the fault table of tests/test_failures_cli.py), or by the test to a real
+``fedlightning`` subprocess at a random moment (slow, here)."""
 
 import os
 import random
@@ -19,10 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlightning.backends.cohort import CohortBackend
-from fedlightning.backends.sequential import SequentialBackend
 from fedlightning.loop.rundir import check_run_dir
-from user_clients import SignalMidFit
 
 ROOT = Path(__file__).parents[1]
 CONF = Path(__file__).parent / "conf" / "tiny.yaml"
@@ -35,7 +32,7 @@ STATUS = {"INT": 130, "TERM": 143}
 WORD = {"INT": "interrupted", "TERM": "terminated (SIGTERM)"}
 
 
-def _check_stopped(err: str, name: str, run_dir: Path) -> int:
+def check_stopped(err: str, name: str, run_dir: Path) -> int:
     """The stop line is there, names ``name``'s verb and ``run_dir``'s checkpoint, and that
     checkpoint loads and holds the round the line names; returns that round."""
     match = STOPPED.search(err)
@@ -47,50 +44,10 @@ def _check_stopped(err: str, name: str, run_dir: Path) -> int:
     return rounds
 
 
-def _resume_equals_straight(cli, run_dir: Path, straight: Path, *args: str, rounds: int) -> None:
+def resume_equals_straight(cli, run_dir: Path, straight: Path, *args: str, rounds: int) -> None:
     cli(run_dir, *args, "--loop.rounds", str(rounds), "--ckpt_path", str(run_dir / "last.ckpt"))
     cli(straight, *args, "--loop.rounds", str(rounds))
     assert (run_dir / "global.pt").read_bytes() == (straight / "global.pt").read_bytes()
-
-
-@pytest.mark.parametrize(
-    ("objective", "name"),
-    [("user_clients.TrainerFitSignalled", "INT"), ("user_clients.ManualOptimizationSignalled", "TERM")],
-)  # fmt: skip
-def test_a_signal_inside_a_trainer_fit_stops_at_the_checkpoint_and_resumes_bitwise(
-    cli, tmp_path, capsys, monkeypatch, objective, name
-):
-    """Lightning's Trainer turns KeyboardInterrupt into exit status 1 with nothing said; the fit
-    here is a Trainer fit, and the signal arrives inside it (the 10th fit: round 3 of 4 a round)."""
-    monkeypatch.setenv("FEDLIGHTNING_TEST_SIGNAL", f"{name}:10")
-    monkeypatch.setattr(SignalMidFit, "fits", 0)
-    run_dir = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit_info:
-        cli(run_dir, "--model", objective, "--loop.rounds", "5")
-    assert exit_info.value.code == STATUS[name]
-    assert _check_stopped(capsys.readouterr().err, name, run_dir) == 2
-    monkeypatch.delenv("FEDLIGHTNING_TEST_SIGNAL")
-    _resume_equals_straight(cli, run_dir, tmp_path / "straight", "--model", objective, rounds=4)
-
-
-@pytest.mark.parametrize(("backend", "name"), [(SequentialBackend, "TERM"), (CohortBackend, "INT")])
-def test_a_signal_on_the_fabric_and_cohort_paths(cli, tmp_path, capsys, monkeypatch, backend, name):
-    real_run = backend.run
-
-    def run(self, r, jobs):
-        if r == 2:  # a real signal, delivered while the backend's round starts
-            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
-        return real_run(self, r, jobs)
-
-    monkeypatch.setattr(backend, "run", run)
-    run_dir = tmp_path / "run"
-    args = ("--loop.backend", backend.__name__)
-    with pytest.raises(SystemExit) as exit_info:
-        cli(run_dir, *args, "--loop.rounds", "5")
-    assert exit_info.value.code == STATUS[name]
-    assert _check_stopped(capsys.readouterr().err, name, run_dir) == 2
-    monkeypatch.undo()
-    _resume_equals_straight(cli, run_dir, tmp_path / "straight", *args, rounds=4)
 
 
 def test_a_signal_during_start_up_says_nothing_was_written(cli, tmp_path, capsys, monkeypatch):
@@ -160,8 +117,8 @@ def test_a_signalled_process_stops_cleanly_and_resumes_bitwise(cli, tmp_path, ar
                      "--loop.run_dir", str(run_dir), *args, group=group)  # fmt: skip
     _wait_for_checkpoint(process, run_dir / "last.ckpt")
     time.sleep(random.Random(" ".join(args)).uniform(0.0, 0.6))
-    rounds = _check_stopped(_signal(process, name, group), name, run_dir)
-    _resume_equals_straight(cli, run_dir, tmp_path / "straight", *args, rounds=rounds + 2)
+    rounds = check_stopped(_signal(process, name, group), name, run_dir)
+    resume_equals_straight(cli, run_dir, tmp_path / "straight", *args, rounds=rounds + 2)
 
 
 @pytest.mark.slow  # Ray's start-up, then a resume on Ray and a straight sequential run
@@ -176,7 +133,7 @@ def test_a_signalled_ray_run_stops_cleanly_and_resumes(cli, tmp_path, name, grou
                      "--loop.run_dir", str(run_dir), *ray_args, group=group)  # fmt: skip
     _wait_for_checkpoint(process, run_dir / "last.ckpt")
     time.sleep(0.3)
-    rounds = _check_stopped(_signal(process, name, group), name, run_dir)
+    rounds = check_stopped(_signal(process, name, group), name, run_dir)
     # Ray equals the sequential backend byte for byte (test_ray_threads.py): resume on Ray
     cli(run_dir, *ray_args, "--loop.rounds", str(rounds + 1), "--ckpt_path",
         str(run_dir / "last.ckpt"))  # fmt: skip

@@ -159,3 +159,19 @@ class TrainerFitSignalled(SignalMidFit, ClientModule):
 
 class ManualOptimizationSignalled(SignalMidFit, ManualOptimization):
     """:class:`ManualOptimization` signalled mid-fit (:class:`SignalMidFit`)."""
+
+
+class RaisingAggregator(FedAvg):
+    """A plug-in aggregator whose constructor raises (an option read from the environment)."""
+
+    def __init__(self, beta: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        raise ValueError(f"beta={beta} needs SERVER_KEY in the environment")
+
+
+class RaisingObjective(ClientModule):
+    """A plug-in objective whose constructor raises."""
+
+    def __init__(self, eps: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        raise RuntimeError("no label smoothing table for eps=0.1")

@@ -4,12 +4,13 @@ Data that would train to garbage, or fail deep inside numpy or PIL, is refused a
 :class:`~fedlightning.errors.ConfigurationError` naming the data set and split (``where``), the
 row and the column: a missing image or label (None), an image column of text or other non-numbers,
 an image file PIL cannot decode (named by its path when the data set keeps one, e.g. an image
-folder), images of different shapes, fractional (or NaN) labels, labels of mixed types.
+folder), images of different shapes, fractional (or NaN) labels.
 """
 
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,9 +73,10 @@ def undecodable_image(dataset: Any, column: str, where: str, error: BaseExceptio
                 image.load()
         except Exception as bad:  # noqa: BLE001 (PIL: UnidentifiedImageError, OSError, SyntaxError...)
             file = f" (file {path!r})" if path else ""
+            reason = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "(its bytes)", str(bad))
             return ConfigurationError(
                 f"{where}, row {row}, column {column!r}{file} is not a readable image: "
-                f"{type(bad).__name__}: {' '.join(str(bad).split())[:120]}"
+                f"{type(bad).__name__}: {' '.join(reason.split())[:120]}"
             )
     return ConfigurationError(
         f"{where}, column {column!r} cannot be decoded: {type(error).__name__}: {error}"
@@ -83,16 +85,10 @@ def undecodable_image(dataset: Any, column: str, where: str, error: BaseExceptio
 
 def check_labels(values: Sequence[Any], column: str, where: str) -> np.ndarray:
     """``values`` as an array of integers (whole-number floats included) or of class names; a
-    missing, fractional or non-finite label, or labels of mixed types, is refused naming its row."""
+    missing, fractional or non-finite label is refused naming its row."""
     for row, value in enumerate(values):
         if value is None:
             raise ConfigurationError(f"{where}, row {row}, column {column!r} has no label (None)")
-    kinds = {type(v).__name__ for v in values}
-    if len(kinds) > 1 and not kinds <= {"int", "float", "bool"}:
-        raise ConfigurationError(
-            f"{where}, column {column!r} mixes label types {sorted(kinds)}: use one type "
-            "(integers or class names)"
-        )
     array = np.asarray(values)
     if array.dtype.kind == "f":
         whole = np.isfinite(array) & (array == np.round(array))

@@ -205,8 +205,8 @@ def _needs_encoding(dataset: Any, label: str) -> bool:
 def _labels(dataset: Any, column: str, where: str, classes: np.ndarray | None = None):
     """Labels as ``0..K-1``: ClassLabel and integer labels keep their values (K = max + 1 or the
     ClassLabel's size; whole-number floats count as integers); other labels (strings) are
-    numbered in sorted order. A missing, fractional or mixed-type label is refused naming the
-    row (:func:`fedlightning.data.hf_checks.check_labels`)."""
+    numbered in sorted order. A missing or fractional label is refused naming the row
+    (:func:`fedlightning.data.hf_checks.check_labels`)."""
     values = check_labels(dataset.with_format(None)[column], column, where)
     feature = dataset.features[column]
     if classes is None:
