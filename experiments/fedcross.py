@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 from rich.console import Console
@@ -47,6 +48,7 @@ from rich.table import Table
 from tables import mean_std
 
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
+from fedlightning.analysis.plots import round_axis
 from fedlightning.server import FedAvg, FedCross
 
 ALPHAS = (0.5, 0.9, 0.99, 0.999)
@@ -294,6 +296,7 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
         )
         ax.set(title=f"ablation, beta {beta}", xlabel="round", ylabel="test accuracy")
     for ax in axes[0]:
+        round_axis(ax, np.array([x for line in ax.lines for x in line.get_xdata()], dtype=float))
         for target in args.targets:
             ax.axhline(target, linestyle=":", color="grey", linewidth=0.8)
         ax.grid(alpha=0.3)

@@ -49,7 +49,7 @@ def integer_axis(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _round_axis(ax, rounds: np.ndarray, label: str = "round") -> None:
+def round_axis(ax, rounds: np.ndarray, label: str = "round") -> None:
     """Integer ticks over the evaluated rounds, with limits that never fall inside a round
     (one evaluated round no longer spans 1.9-2.1)."""
     rounds = rounds[np.isfinite(rounds)]
@@ -63,6 +63,9 @@ def _round_axis(ax, rounds: np.ndarray, label: str = "round") -> None:
             ax.set_xticks(np.unique(rounds))
         pad = max(0.5, 0.03 * (high - low))
         ax.set_xlim(low - pad, high + pad)
+
+
+_round_axis = round_axis  # the name earlier callers use
 
 
 def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -95,7 +98,7 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     acc_ax.set(ylabel="accuracy", title=f"{Path(run_dir).name}: accuracy")
     loss_ax.set(ylabel="loss", title="loss")
     for ax in (acc_ax, loss_ax):
-        _round_axis(ax, rounds)
+        round_axis(ax, rounds)
     reached = metrics.get("rounds_to_target", np.array([np.nan]))
     reached = reached[~np.isnan(reached)]
     if len(reached):
@@ -194,7 +197,7 @@ def plot_runs(
         title = f"{metric} per {x}{spread}"
     ax.set(ylabel=metric, title=title)
     if x == "round":
-        _round_axis(ax, np.concatenate([read_metrics(r)[x] for r in map(Path, run_dirs)]))
+        round_axis(ax, np.concatenate([read_metrics(r)[x] for r in map(Path, run_dirs)]))
     else:
         ax.set_xlabel(x)
     ax.grid(alpha=0.3)
