@@ -150,8 +150,10 @@ def stop_report(stop: BaseException, argv: Sequence[str]) -> tuple[list[str], in
         lines = [str(stop)]
         if stop.checkpoint and argv[:1] == ["fit"]:
             lines.append(f"to resume: {resume_command(argv, stop.checkpoint)}")
-    else:  # before a run held its directory (start-up, plot): nothing was written
+    elif argv[:1] in (["fit"], ["cofed"]):  # before the run held its directory
         lines = [f"{stopped_by(signum)} during start-up: nothing was written"]
+    else:
+        lines = [stopped_by(signum)]
     return lines, exit_status(signum)
 
 
