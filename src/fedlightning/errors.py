@@ -1,5 +1,7 @@
 """Errors the library raises for bad user input."""
 
+import signal
+
 
 class ConfigurationError(ValueError):
     """A user-facing option has a value the library cannot run with.
@@ -35,7 +37,9 @@ class RunInterrupted(KeyboardInterrupt):
     status ``128 + signum`` (130 for SIGINT, 143 for SIGTERM). ``checkpoint`` is the path that
     resumes the run, or None."""
 
-    def __init__(self, message: str, signum: int = 2, checkpoint: str | None = None) -> None:
+    def __init__(
+        self, message: str, signum: int = signal.SIGINT, checkpoint: str | None = None
+    ) -> None:
         super().__init__(message)
-        self.signum = signum
+        self.signum = int(signum)
         self.checkpoint = checkpoint

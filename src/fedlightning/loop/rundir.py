@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import shutil
+import signal
 from pathlib import Path
 from types import TracebackType
 
@@ -247,7 +248,9 @@ def storage_error(error: OSError, path: Path, doing: str, note: str = "") -> Sto
     return StorageError(f"could not {doing} in {str(path)!r}: {reason}{where}{note}")
 
 
-def interrupted(last_checkpoint: tuple[int, str] | None, signum: int = 2) -> RunInterrupted:
+def interrupted(
+    last_checkpoint: tuple[int, str] | None, signum: int = signal.SIGINT
+) -> RunInterrupted:
     """The message of a run stopped by ``signum`` (SIGINT: "interrupted", SIGTERM: "terminated
     (SIGTERM)"): after which round it stopped and the checkpoint that resumes it
     (``last_checkpoint`` is ``(rounds done, path)`` of the newest checkpoint, or None)."""
