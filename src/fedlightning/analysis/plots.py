@@ -65,9 +65,6 @@ def round_axis(ax, rounds: np.ndarray, label: str = "round") -> None:
         ax.set_xlim(low - pad, high + pad)
 
 
-_round_axis = round_axis  # the name earlier callers use
-
-
 def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Test accuracy and loss of the global model at each evaluated round (``curves.png``), and,
     when the run logged communication, test accuracy against the cumulative megabytes sent and
