@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from lightning.fabric.utilities.seed import seed_everything
 from rich.console import Console
@@ -47,6 +48,7 @@ from rich.table import Table
 from tables import mean_std
 
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
+from fedlightning.analysis.plots import round_axis
 from fedlightning.server import FedAvg, FedCross
 
 ALPHAS = (0.5, 0.9, 0.99, 0.999)
@@ -262,6 +264,7 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
             ax.plot(
                 *mean_curve([curves[Run(algorithm, beta, s)] for s in range(args.seeds)]),
                 label=label,
+                marker=".",  # a short run has few evaluations: a line of one point is a dot
             )
         ax.set(
             title=f"{args.dataset}, Dirichlet beta {beta} (mean of {args.seeds} seeds)",
@@ -275,11 +278,13 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
             *mean_curve([curves[Run("fedavg", beta, s)] for s in seeds]),
             label="FedAvg",
             color="black",
+            marker=".",
         )
         for rule in RULES:
             ax.plot(
                 *mean_curve([curves[Run("fedcross", beta, s, rule, 0.99)] for s in seeds]),
                 label=f"{rule}, 0.99",
+                marker=".",
             )
         ax.plot(
             *mean_curve(
@@ -287,9 +292,11 @@ def plot(curves: dict[Run, list], args: argparse.Namespace, path: Path) -> None:
             ),
             label="lowest, 0.999",
             linestyle="--",
+            marker=".",
         )
         ax.set(title=f"ablation, beta {beta}", xlabel="round", ylabel="test accuracy")
     for ax in axes[0]:
+        round_axis(ax, np.array([x for line in ax.lines for x in line.get_xdata()], dtype=float))
         for target in args.targets:
             ax.axhline(target, linestyle=":", color="grey", linewidth=0.8)
         ax.grid(alpha=0.3)

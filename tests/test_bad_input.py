@@ -3,15 +3,19 @@ option, the bad value and what is allowed, and nothing is written (the run direc
 created). ``{made}`` in a case stands for a folder of prepared inputs: a finished run, broken and
 foreign checkpoints, LEAF folders with bad data (see the ``made`` fixture)."""
 
+import importlib.util
+import io
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
 from conftest import run_cli
 
 AGG = "--loop.aggregator"
+HF = ["--data.dataset", "huggingface", "--data.partition", "iid", "--data.root"]
 CASES = [
     (["--loop.clients_per_round", "9"], r"clients_per_round=9 exceeds num_clients=8"),
     (["--loop.clients_per_round", "1.5"], r"loop.clients_per_round=1.5 .*fraction in \(0, 1\]"),
@@ -122,7 +126,27 @@ CASES = [
     (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_text"], r"LEAF json '.*leaf_text/train/a.json', user 'u0': labels must be integers"),
     (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_range"], r"LEAF json '.*leaf_range/test/t.json', user 't0' \(FEMNIST\): labels must lie in \[0, 62\), got range \[0, 70\]"),
     (["--data.dataset", "femnist", "--data.partition", "natural", "--data.root", "{made}/leaf_empty_test"], r"the LEAF test files under '.*leaf_empty_test/test' hold no samples"),
+    # Hugging Face data sets on disk that would fail deep in PIL/numpy or train to garbage (issue 26)
+    ([*HF, "{made}/hf_corrupt"], r"data.root='.*hf_corrupt' split 'train', row 5, column 'image' \(file 'img5.png'\) is not a readable image: \w+Error: .*\(its bytes\)"),
+    ([*HF, "{made}/hf_folder", "--data.source_options", "{format: imagefolder}"], r"split 'train', row \d+, column 'image' \(file '.*hf_folder/train/b/1.png'\) is not a readable image"),
+    ([*HF, "{made}/hf_missing"], r"data.root='.*hf_missing' split 'train', row 4, column 'image' has no image \(None\)"),
+    ([*HF, "{made}/hf_text"], r"split 'train', row 0, column 'image' holds str 'img0.png', not an image or numbers"),
+    ([*HF, "{made}/hf_fraction"], r"split 'train', row 3, column 'label' holds the label .*0.5.*: labels must be whole numbers"),
+    # plug-ins, loggers, files and paths (issue 26): one line, never a traceback
+    ([AGG, "user_clients.RaisingAggregator"], r"user_clients.RaisingAggregator\(\.\.\.\) raised ValueError: beta=0.5 needs SERVER_KEY in the environment \(at user_clients.py:\d+\)"),
+    (["--model", "user_clients.RaisingObjective"], r"user_clients.RaisingObjective\(\.\.\.\) raised RuntimeError: no label smoothing table for eps=0.1"),
+    (["--config", "{made}/latin1.yaml"], r"--config '.*latin1.yaml' is not UTF-8 text: byte 0xe9 at line 2, column 19 cannot be decoded; save the file as UTF-8"),
+    (["--loop.run_dir", "{made}/" + "r" * 300], r"loop.run_dir='.*'... is not allowed: its name 'r{30}'... is 300 bytes long, more than the 255 bytes a file name may have"),
+    (["--ckpt_path", "{made}/" + "c" * 300 + ".ckpt"], r"the name 'c{40}'... is 305 bytes long, more than the 255 bytes"),
+    (["--data.dataset", "femnist", "--data.root", "{made}/" + "d" * 256], r"the name 'd{40}'... is 256 bytes long"),
 ]  # fmt: skip
+#: Lightning loggers whose package this machine lacks: refused naming it (issue 26 item 4)
+for logger, package in (("MLFlowLogger", "mlflow>=1.0.0"), ("CometLogger", "comet-ml>=3.44.4")):
+    if importlib.util.find_spec(package.split(">")[0].replace("-", "_")) is None:
+        CASES.append(
+            ([f"--loop.loggers+=lightning.pytorch.loggers.{logger}"],
+             rf"lightning.pytorch.loggers.\w+.{logger} needs {re.escape(package)}, which is not installed: pip install '{re.escape(package)}'")
+        )  # fmt: skip
 NO_GPU = [
     (["--loop.accelerator", "gpu"], r"loop.accelerator='gpu' but no CUDA GPU is available"),
     (["--loop.accelerator", "cuda"], r"loop.accelerator='cuda' but no CUDA GPU is available"),
@@ -188,7 +212,47 @@ def made(tmp_path_factory):
     _leaf(root / "leaf_text", {"u0": ([image], ["cat"])}, {"t0": ([image], [1])})
     _leaf(root / "leaf_range", {"u0": ([image], [1])}, {"t0": ([image, image], [0, 70])})
     _leaf(root / "leaf_empty_test", {"u0": ([image], [1])}, {})
+    _hugging_face(root)
+    (root / "latin1.yaml").write_bytes(b"loop:\n  rounds: 2  # caf\xe9\n")
     return root
+
+
+def _png(seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (8, 8), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _hugging_face(root):
+    """Tiny Hugging Face data sets on disk with one bad sample each (``{made}/hf_*``)."""
+    datasets = pytest.importorskip("datasets")
+    n, labels = 12, [i % 3 for i in range(12)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    images = [{"bytes": _png(i), "path": None} for i in range(n)]
+    corrupt = [
+        *images[:5],
+        {"bytes": b"\x89PNG\r\n\x1a\nnot a png", "path": "img5.png"},
+        *images[6:],
+    ]
+    pixels = [np.zeros((8, 8)).tolist()] * n
+    for name, columns, kind in [
+        ("hf_corrupt", {"image": corrupt, "label": labels}, features),
+        ("hf_missing", {"image": [None if i == 4 else im for i, im in enumerate(images)], "label": labels}, features),
+        ("hf_text", {"image": [f"img{i}.png" for i in range(n)], "label": labels}, None),
+        ("hf_fraction", {"image": pixels, "label": [0.5 if i == 3 else float(c) for i, c in enumerate(labels)]}, None),
+    ]:  # fmt: skip
+        split = datasets.Dataset.from_dict(columns, features=kind)
+        datasets.DatasetDict({"train": split, "test": split}).save_to_disk(str(root / name))
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            folder = root / "hf_folder" / split / label
+            folder.mkdir(parents=True)
+            for i in range(3):
+                (folder / f"{i}.png").write_bytes(_png(i))
+    (root / "hf_folder" / "train" / "b" / "1.png").write_bytes(b"garbage, not a png")
 
 
 @pytest.mark.parametrize(("args", "message"), CASES, ids=[" ".join(a)[-60:] for a, _ in CASES])

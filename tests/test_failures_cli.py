@@ -1,10 +1,19 @@
-"""Failed and poisoned clients through the CLI: left out, counted, named in the log, their client
-state untouched, and the run goes on; a run that cannot go on stops with a clear message."""
+"""Faults through the CLI. Failed and poisoned clients: left out, counted, named in the log, their
+client state untouched, and the run goes on; a run that cannot go on stops with a clear message.
+Signals (SIGINT, SIGTERM) wherever they land: one line, exit 130 / 143, a checkpoint that
+resumes bitwise (real processes signalled from outside: tests/test_signals.py)."""
 
 import logging
+import os
+import signal
 
 import pytest
 import torch
+
+from fedlightning.backends.cohort import CohortBackend
+from fedlightning.backends.sequential import SequentialBackend
+from test_signals import check_stopped, resume_equals_straight
+from user_clients import SignalMidFit
 
 
 def test_crashing_and_nan_clients_never_sink_a_run(cli, tmp_path, caplog):
@@ -45,3 +54,53 @@ def test_a_round_below_min_clients_stops_with_a_clear_message(cli, tmp_path, cap
     err = capsys.readouterr().err
     assert "round 1: only 6 of 8 clients succeeded (min_clients=7)" in err
     assert "Traceback" not in err
+
+
+# -- signals: where they land, what the run says (issue 26 item 3) --------------------------------
+def _at_round(backend):
+    """A real signal to this process as ``backend``'s third round starts."""
+
+    def inject(monkeypatch, name):
+        real_run = backend.run
+
+        def run(self, r, jobs):
+            if r == 2:
+                os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+            return real_run(self, r, jobs)
+
+        monkeypatch.setattr(backend, "run", run)
+
+    return inject
+
+
+def _mid_fit(monkeypatch, name):
+    """A real signal from inside the 10th client fit (round 3 of 4 fits a round), a Trainer fit."""
+    monkeypatch.setenv("FEDLIGHTNING_TEST_SIGNAL", f"{name}:10")
+    monkeypatch.setattr(SignalMidFit, "fits", 0)
+
+
+SIGNAL_FAULTS = {
+    "SIGTERM-sequential": (["--loop.backend", "SequentialBackend"], _at_round(SequentialBackend), "TERM"),
+    "SIGINT-cohort": (["--loop.backend", "CohortBackend"], _at_round(CohortBackend), "INT"),
+    "SIGINT-trainer-fit": (["--model", "user_clients.TrainerFitSignalled"], _mid_fit, "INT"),
+    "SIGTERM-fit_with-trainer": (["--model", "user_clients.TrainerFitSignalled", "--loop.fit_with", "trainer"], _mid_fit, "TERM"),
+    "SIGTERM-manual-optimization": (["--model", "user_clients.ManualOptimizationSignalled"], _mid_fit, "TERM"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", SIGNAL_FAULTS)
+def test_a_signal_stops_at_the_checkpoint_and_the_resume_is_bitwise(
+    cli, tmp_path, capsys, monkeypatch, fault
+):
+    """Lightning's Trainer turned Ctrl-C into exit status 1 with nothing said, SIGTERM killed the
+    process: now one line naming round 2's checkpoint and the resume command, exit 130 / 143,
+    and resuming from it ends bitwise equal to an uninterrupted run."""
+    args, inject, name = SIGNAL_FAULTS[fault]
+    inject(monkeypatch, name)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        cli(run_dir, *args, "--loop.rounds", "5")
+    assert exit_info.value.code == {"INT": 130, "TERM": 143}[name]
+    assert check_stopped(capsys.readouterr().err, name, run_dir) == 2
+    monkeypatch.undo()
+    resume_equals_straight(cli, run_dir, tmp_path / "straight", *args, rounds=4)

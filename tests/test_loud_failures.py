@@ -229,3 +229,5 @@ def test_a_slow_round_reports_its_clients_as_they_finish(cli, tmp_path, capsys, 
     progress = re.findall(r"^round 1: (\d)/8 clients done, \d+ s$", capsys.readouterr().err, re.M)
     assert progress and all(0 <= int(done) <= 8 for done in progress)
     assert [int(d) for d in progress] == sorted(int(d) for d in progress)
+    # counted as they finish (the default AutoBackend said 0/8 for the whole round: issue 26)
+    assert any(0 < int(done) < 8 for done in progress), progress

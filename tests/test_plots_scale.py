@@ -76,11 +76,11 @@ def test_curves_use_evaluated_rounds_only(tmp_path):
     width, height = png_size(out)
     assert width < 1400 and height < 700
     # one evaluated round: the x axis is not a 0.2-wide window around it
-    from fedlightning.analysis.plots import _round_axis, figure
+    from fedlightning.analysis.plots import figure, round_axis
 
     ax = figure((4, 3)).subplots()
 
-    _round_axis(ax, np.array([2.0]))
+    round_axis(ax, np.array([2.0]))
     low, high = ax.get_xlim()
     assert high - low >= 1 and list(ax.get_xticks()) == [2.0]
 

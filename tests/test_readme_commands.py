@@ -42,6 +42,38 @@ def test_readme_has_the_front_door_commands():
         assert expected in joined
 
 
+def _run_dir_written(words: list[str]) -> str | None:
+    """The run directory a README command writes (``--loop.run_dir``/``--run_dir``, else
+    ``runs/<config name>``), or None for one that only prints."""
+    if words[:1] == ["PYTHONPATH=."]:
+        words = words[1:]
+    if words[1:2] not in (["fit"], ["cofed"]) or {"--help", "--print_config"} & set(words):
+        return None
+    flag = "--loop.run_dir" if words[1] == "fit" else "--run_dir"
+    if flag in words:  # the last one counts, as for the parser
+        return words[len(words) - 1 - words[::-1].index(flag) + 1]
+    config = words[words.index("-c" if "-c" in words else "--config") + 1]
+    return f"runs/{Path(config).stem}"
+
+
+def test_each_readme_command_writes_a_run_directory_of_its_own():
+    """Run top to bottom after ``make demo`` (which writes runs/quickstart), no command writes a
+    run directory that an earlier one wrote (it would be refused: issue 26 found seven that
+    did); the resume command continues the run directory its ``--ckpt_path`` is in."""
+    written = {"runs/quickstart": "make demo"}
+    for command in COMMANDS:
+        words = shlex.split(command)
+        run_dir = _run_dir_written(words)
+        if run_dir is None:
+            continue
+        if "--ckpt_path" in words:
+            assert words[words.index("--ckpt_path") + 1].startswith(f"{run_dir}/"), command
+            assert run_dir in written, f"{command!r} resumes {run_dir}, which no command wrote"
+            continue
+        assert run_dir not in written, f"{command!r} writes {run_dir}, as {written[run_dir]!r} did"
+        written[run_dir] = command
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_readme_command_resolves(command, capsys, monkeypatch, tmp_path):
     words = shlex.split(command)

@@ -1,6 +1,9 @@
 """User-written client objectives for the reliability tests, named by ``class_path`` in CLI runs
 (this folder is on ``sys.path`` under pytest)."""
 
+import os
+import signal
+
 import torch
 import torch.nn.functional as F
 
@@ -214,3 +217,62 @@ class MismatchedExtra(ScaffoldClient):
             else:
                 extras = {**extras, "delta_c": _mismatched(extras["delta_c"], self.extra)}
         return weights, extras, state
+
+
+class ManualOptimization(ClientModule):
+    """Manual optimization as Lightning users write it (so every fit runs on a Trainer): one SGD
+    step per batch with ``manual_backward``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        loss = self.local_loss(batch)
+        self.manual_backward(loss)
+        optimizer.step()
+        return loss
+
+
+class SignalMidFit:
+    """Put in front of an objective: with ``FEDLIGHTNING_TEST_SIGNAL=NAME:N`` in the environment,
+    the N-th client fit of the process sends signal NAME (INT, TERM) to its own process from its
+    first training step, as a Ctrl-C or a cluster's SIGTERM lands in the middle of a fit.
+    Overriding ``training_step`` makes every fit a Lightning Trainer fit."""
+
+    fits = 0
+
+    def training_step(self, batch, batch_idx):
+        wanted = os.environ.get("FEDLIGHTNING_TEST_SIGNAL")
+        if wanted and self.trainer.current_epoch == 0 and batch_idx == 0:
+            SignalMidFit.fits += 1
+            name, at = wanted.split(":")
+            if SignalMidFit.fits == int(at):
+                os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+        return super().training_step(batch, batch_idx)
+
+
+class TrainerFitSignalled(SignalMidFit, ClientModule):
+    """ClientModule's loss on a Trainer, signalled mid-fit (:class:`SignalMidFit`)."""
+
+
+class ManualOptimizationSignalled(SignalMidFit, ManualOptimization):
+    """:class:`ManualOptimization` signalled mid-fit (:class:`SignalMidFit`)."""
+
+
+class RaisingAggregator(FedAvg):
+    """A plug-in aggregator whose constructor raises (an option read from the environment)."""
+
+    def __init__(self, beta: float = 0.5, **kwargs):
+        super().__init__(**kwargs)
+        raise ValueError(f"beta={beta} needs SERVER_KEY in the environment")
+
+
+class RaisingObjective(ClientModule):
+    """A plug-in objective whose constructor raises."""
+
+    def __init__(self, eps: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        raise RuntimeError("no label smoothing table for eps=0.1")

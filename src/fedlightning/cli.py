@@ -17,11 +17,13 @@ from fedlightning.gc_tuning import freeze_imported, gc_paused
 with gc_paused():  # see fedlightning.gc_tuning
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+    from fedlightning.cli_errors import check_config_files, one_line_error, stop_report
     from fedlightning.cli_help import PlainHelpFormatter, print_fit_usage, print_overview, version
     from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
     from fedlightning.errors import ConfigurationError, RunStopped, StorageError
     from fedlightning.loop import ClientBug, FederatedLoop
+    from fedlightning.signals import StopSignal, stop_on_signals
 
 #: the model's sizes, linked from the data module
 LINKED_SIZES = ("num_classes", "in_channels", "image_size")
@@ -182,39 +184,47 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
         print_fit_usage()
         raise SystemExit(2)
     try:
-        if argv[:1] == ["plot"]:
-            from fedlightning.analysis.plots import plot_command
-
-            plot_command(argv[1:])
-        elif argv[:1] == ["cofed"]:
-            from fedlightning.cofed.cli import main as cofed_main
-
-            cofed_main(argv[1:])
-        elif argv[:1] == ["fit"] and "--print_config" in argv:  # with =flags: jsonargparse's
-            rest = [a for a in argv if a != "--print_config"]
-            sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
-            FederatedCLI(args=rest, print_config=True)
-        elif argv[:1] == ["flower-app"]:
-            from fedlightning.flower_app.export import main as flower_app_main
-
-            flower_app_main(argv[1:])
-        else:
-            FederatedCLI(args=args, grid=grid)
+        check_config_files(argv)  # a config that is not UTF-8 text: one line, not a traceback
+        with stop_on_signals():  # SIGINT and SIGTERM alike, from start-up on
+            _dispatch(argv, args, grid)
     except (RunStopped, ClientBug) as err:
         print(f"fedlightning: stopped: {err}", file=sys.stderr)
         raise SystemExit(1) from None
     except StorageError as err:
         print(f"fedlightning: storage error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
-    except KeyboardInterrupt as err:
-        print(f"fedlightning: {err or 'interrupted'}", file=sys.stderr)
-        raise SystemExit(130) from None
+    except (KeyboardInterrupt, StopSignal) as stop:
+        lines, status = stop_report(stop, argv)
+        for line in lines:
+            print(f"fedlightning: {line}", file=sys.stderr)
+        raise SystemExit(status) from None
     except Exception as err:
-        cause = _configuration_error(err)
+        cause = _configuration_error(err) or one_line_error(err)
         if cause is None:
             raise
         print(f"fedlightning: error: {cause}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
+    if argv[:1] == ["plot"]:
+        from fedlightning.analysis.plots import plot_command
+
+        plot_command(argv[1:])
+    elif argv[:1] == ["cofed"]:
+        from fedlightning.cofed.cli import main as cofed_main
+
+        cofed_main(argv[1:])
+    elif argv[:1] == ["fit"] and "--print_config" in argv:  # with =flags: jsonargparse's
+        rest = [a for a in argv if a != "--print_config"]
+        sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
+        FederatedCLI(args=rest, print_config=True)
+    elif argv[:1] == ["flower-app"]:
+        from fedlightning.flower_app.export import main as flower_app_main
+
+        flower_app_main(argv[1:])
+    else:
+        FederatedCLI(args=args, grid=grid)
 
 
 def _configuration_error(err: BaseException | None) -> ConfigurationError | None:

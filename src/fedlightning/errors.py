@@ -1,5 +1,7 @@
 """Errors the library raises: bad user input, stopped runs, storage failures, lost workers."""
 
+import signal
+
 
 class ConfigurationError(ValueError):
     """A user-facing option has a value the library cannot run with.
@@ -30,8 +32,17 @@ class StorageError(RuntimeError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) during a run. The message says after which round it stopped and which
-    checkpoint resumes it; the CLI prints it and exits with status 130."""
+    """SIGINT (Ctrl-C) or SIGTERM during a run (:mod:`fedlightning.signals`). The message says
+    after which round it stopped and which checkpoint resumes it; the CLI prints it and exits with
+    status ``128 + signum`` (130 for SIGINT, 143 for SIGTERM). ``checkpoint`` is the path that
+    resumes the run, or None."""
+
+    def __init__(
+        self, message: str, signum: int = signal.SIGINT, checkpoint: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+        self.checkpoint = checkpoint
 
 
 class WorkerLost(RuntimeError):

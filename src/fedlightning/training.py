@@ -64,6 +64,7 @@ def quiet_lightning() -> Iterator[None]:
         "lightning.pytorch.utilities.rank_zero",
         "lightning.pytorch.accelerators.cuda",
         "lightning.fabric",
+        "lightning.pytorch.trainer.connectors.signal_connector",  # "Received SIGTERM" per fit
     ]
     loggers = [logging.getLogger(n) for n in names]
     levels = [lg.level for lg in loggers]

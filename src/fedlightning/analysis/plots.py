@@ -5,11 +5,19 @@ Matplotlib with the non-interactive Agg backend, so plotting works on machines w
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from fedlightning.analysis.run_inputs import (
+    PLOT_OPTIONS,
+    PlotInputError,
+    check_output,
+    config_value,
+    read_metrics,
+    read_options,
+)
 
 
 def pyplot():
@@ -41,7 +49,7 @@ def integer_axis(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _round_axis(ax, rounds: np.ndarray, label: str = "round") -> None:
+def round_axis(ax, rounds: np.ndarray, label: str = "round") -> None:
     """Integer ticks over the evaluated rounds, with limits that never fall inside a round
     (one evaluated round no longer spans 1.9-2.1)."""
     rounds = rounds[np.isfinite(rounds)]
@@ -55,22 +63,6 @@ def _round_axis(ax, rounds: np.ndarray, label: str = "round") -> None:
             ax.set_xticks(np.unique(rounds))
         pad = max(0.5, 0.03 * (high - low))
         ax.set_xlim(low - pad, high + pad)
-
-
-def read_metrics(run_dir: str | Path) -> dict[str, np.ndarray]:
-    """Columns of ``run_dir/metrics.csv`` as float arrays (empty cells become NaN)."""
-    path = Path(run_dir) / "metrics.csv"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} does not exist: is {run_dir} a fedlightning run directory?"
-        )
-    with open(path) as handle:
-        rows = list(csv.DictReader(handle))
-    columns = rows[0].keys() if rows else []
-    return {
-        c: np.array([float(r[c]) if r[c] not in ("", None) else np.nan for r in rows])
-        for c in columns
-    }
 
 
 def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -103,7 +95,7 @@ def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
     acc_ax.set(ylabel="accuracy", title=f"{Path(run_dir).name}: accuracy")
     loss_ax.set(ylabel="loss", title="loss")
     for ax in (acc_ax, loss_ax):
-        _round_axis(ax, rounds)
+        round_axis(ax, rounds)
     reached = metrics.get("rounds_to_target", np.array([np.nan]))
     reached = reached[~np.isnan(reached)]
     if len(reached):
@@ -138,38 +130,6 @@ def plot_partition(
     from fedlightning.analysis.partition_map import plot_partition as draw
 
     return draw(table, out, title=title, max_rows=max_rows)
-
-
-def config_value(run_dir: str | Path, name: str) -> str:
-    """The value of option ``name`` in ``run_dir/config.yaml``: a dotted path (``loop.seed``,
-    ``loop.aggregator.alpha``; ``init_args`` may be left out) or a unique last part (``alpha``).
-    A class is named by its class name."""
-    import yaml
-
-    path = Path(run_dir) / "config.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: --group-by reads each run's config.yaml")
-    flat: dict[str, object] = {}
-
-    def walk(node: object, prefix: str) -> None:
-        if isinstance(node, dict):
-            if "class_path" in node:
-                flat[prefix] = str(node["class_path"]).rsplit(".", 1)[-1]
-            for key, value in node.items():
-                walk(value, prefix if key == "init_args" else f"{prefix}.{key}".strip("."))
-        elif prefix not in flat:
-            flat[prefix] = node
-
-    walk(yaml.safe_load(path.read_text()) or {}, "")
-    matches = sorted({k for k in flat if k == name or k.endswith("." + name)})
-    if name in flat:
-        matches = [name]
-    if len(matches) != 1:
-        found = "several options: " + ", ".join(matches) if matches else "no such option"
-        raise KeyError(
-            f"--group-by {name!r}: {path} has {found}; give a dotted path like loop.seed"
-        )
-    return str(flat[matches[0]])
 
 
 def group_runs(run_dirs: Sequence[str | Path], group_by: str | None) -> dict[str, list[Path]]:
@@ -212,6 +172,14 @@ def plot_runs(
             keep = np.isfinite(metrics[metric]) & np.isfinite(metrics[x])
             curves.append(dict(zip(metrics[x][keep], metrics[metric][keep], strict=True)))
         common = sorted(set.intersection(*(set(c) for c in curves)))
+        if not common:  # an empty line would be drawn: say why instead
+            raise PlotInputError(
+                f"{label}: no {x} at which {', '.join(str(m) for m in members)} all have a "
+                f"{metric} value, so there is nothing to draw (compare runs evaluated at the same "
+                "rounds, e.g. with the same eval_every)"
+                if len(members) > 1
+                else f"{members[0]}/metrics.csv has no row with both {metric} and {x}"
+            )
         xs = np.array(common)
         values = np.array([[c[v] for v in common] for c in curves])
         mean = values.mean(axis=0)
@@ -226,7 +194,7 @@ def plot_runs(
         title = f"{metric} per {x}{spread}"
     ax.set(ylabel=metric, title=title)
     if x == "round":
-        _round_axis(ax, np.concatenate([read_metrics(r)[x] for r in map(Path, run_dirs)]))
+        round_axis(ax, np.concatenate([read_metrics(r)[x] for r in map(Path, run_dirs)]))
     else:
         ax.set_xlabel(x)
     ax.grid(alpha=0.3)
@@ -258,25 +226,16 @@ def plot_command(argv: Sequence[str]) -> Path:
     parser.add_argument("--title", default=None, help="the plot title")
     parser.add_argument("-o", "--output", default=None, help="the PNG (default: runs.png)")
     args = parser.parse_args(list(argv))
-    options = {"metric": "test_acc", "group_by": None, "x": "round", "title": None}
-    options["output"] = "runs.png"
-    if args.config:
-        import yaml
-
-        loaded = yaml.safe_load(Path(args.config).read_text()) or {}
-        unknown = set(loaded) - set(options)
-        if unknown:
-            parser.error(
-                f"{args.config}: unknown keys {sorted(unknown)}; allowed: {sorted(options)}"
-            )
-        options.update(loaded)
-    options.update({k: v for k, v in vars(args).items() if k in options and v is not None})
+    options = dict(PLOT_OPTIONS)
     try:
+        if args.config:
+            options.update(read_options(args.config))
+        options.update({k: v for k, v in vars(args).items() if k in options and v is not None})
         out = plot_runs(
-            args.run_dirs, options["metric"], options["output"], options["group_by"],
-            options["x"], options["title"],
+            args.run_dirs, options["metric"], check_output(options["output"]),
+            options["group_by"], options["x"], options["title"],
         )  # fmt: skip
-    except (FileNotFoundError, KeyError) as err:
+    except (FileNotFoundError, KeyError, PlotInputError) as err:
         parser.error(str(err).strip("'\""))
     print(f"wrote {out}")
     return out

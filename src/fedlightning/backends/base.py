@@ -41,7 +41,14 @@ ClientDone = Callable[[int], None]
 class Backend(RecordsInitArgs, ABC):
     """Runs client fits. Lifecycle: ``check`` and ``start`` once per run, ``run`` once per round,
     ``stop``. The arguments a backend is constructed with are recorded
-    (:mod:`fedlightning.recorded_args`)."""
+    (:mod:`fedlightning.recorded_args`).
+
+    ``on_client_done`` (given to ``start``) is called with each client's id when its fit ends
+    (succeeded or failed), for the progress line of long rounds: after each fit (sequential), as
+    each actor finishes (Ray), when a cohort's one vectorized fit ends (cohort), or when a
+    SuperNode's reply arrives (Flower). A backend that delegates passes it on."""
+
+    on_client_done: ClientDone | None = None
 
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:  # noqa: B027 (optional hook)
         """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config`` on
@@ -58,9 +65,8 @@ class Backend(RecordsInitArgs, ABC):
         compute: Compute, on_client_done: ClientDone | None = None,
     ) -> None:  # fmt: skip
         """Prepare to fit clients of ``model`` on ``datamodule`` with ``config`` on ``compute``
-        (set up data, devices, workers). ``on_client_done``, if given, may be called with a client
-        id after each fit, for progress reports in long rounds; backends that fit all clients at
-        once never call it."""
+        (set up data, devices, workers); ``on_client_done``, if given, is kept as
+        :attr:`on_client_done`."""
 
     @abstractmethod
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:

@@ -120,6 +120,7 @@ class CohortBackend(Backend):
         self.model, self.dm = model, datamodule
         self.config, self.compute = replace(config, precision=compute.precision), compute
         self.device = compute.device
+        self.on_client_done = on_client_done
         datamodule.place_training_data(self.device)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
@@ -129,6 +130,8 @@ class CohortBackend(Backend):
         results: RoundResults = {}
         for number, cohort in enumerate(groups.values()):
             results.update(self._run_cohort(round_index, number, cohort))
+            for job in cohort if self.on_client_done is not None else ():
+                self.on_client_done(job.client_id)  # a cohort's clients finish together
         # the global RNG as a sequential round leaves it: seeded for the last client's fit
         seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))
         return results

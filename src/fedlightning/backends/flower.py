@@ -197,9 +197,10 @@ class FlowerBackend(Backend):
         compute: Compute, on_client_done: ClientDone | None = None,
     ) -> None:  # fmt: skip
         """Reach the SuperLink and wait for SuperNodes serving every client. The nodes resolve
-        their own compute from ``config`` (each once); ``on_client_done`` is not called: a node
-        fits its clients of a round in one message."""
+        their own compute from ``config`` (each once); ``on_client_done`` is called for a node's
+        clients when its reply arrives (a node fits its clients of a round in one message)."""
         _flwr()
+        self.on_client_done = on_client_done
         self.config, self.num_clients = config, datamodule.num_clients
         self.num_samples = datamodule.client_num_samples
         self.spec = {
@@ -270,6 +271,8 @@ class FlowerBackend(Backend):
             results.update(secure_round(self, round_index, batches))
         elif batches:
             results.update(plain_round(self, round_index, batches))
+        for cid in results if self.on_client_done is not None else ():
+            self.on_client_done(cid)  # the nodes' replies arrive together
         # the global RNG as a sequential round leaves it: seeded for the last client's fit
         if jobs:
             seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))

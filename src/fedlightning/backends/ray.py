@@ -6,8 +6,11 @@ the upload and new state out, as CPU tensors whatever the devices of the driver'
 of the actor. The driver keeps sampling, the ClientStore, aggregation, evaluation
 and checkpoints. An actor fits a client exactly as the sequential backend does (the same
 :class:`~fedlightning.fit.ClientFitter`, seeded from ``(seed, round, client)``), so results do not
-depend on which actor runs which client; on CPU they are bitwise equal to the sequential backend's when
-both use the same number of torch threads (Ray gives each actor ``num_cpus`` threads).
+depend on which actor runs which client. Each actor computes with the driver's torch settings
+(:class:`~fedlightning.torch_settings.ComputeSettings`: intra-op threads, oneDNN, deterministic
+algorithms, flush-to-zero, matmul precision), so on CPU results are byte-identical to the
+sequential backend's whatever ``OMP_NUM_THREADS`` says; ``loop.num_threads`` sets the threads of
+both (e.g. to ``num_cpus_per_client``, so that actors do not oversubscribe a machine's cores).
 
 Needs the optional extra: ``pip install 'fedlightning[ray]'``.
 """
@@ -26,6 +29,8 @@ from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.errors import ConfigurationError, WorkerLost, require
 from fedlightning.placement import to_cpu
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
+from fedlightning.signals import keep_sigterm_handler
+from fedlightning.torch_settings import ComputeSettings
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
@@ -80,12 +85,13 @@ class ClientWorker:
     for every restartable actor whose constructor arguments live in the object store; here none
     do, and a restarted actor fetches the refs again (the backend holds them for the run)."""
 
-    def __init__(self, config: FitConfig) -> None:
+    def __init__(self, config: FitConfig, settings: ComputeSettings) -> None:
         from fedlightning.fit import ClientFitter
-        from fedlightning.training import cpu_compute, quiet_lightning
+        from fedlightning.training import quiet_lightning
 
-        # for the actor's whole life: it fits many clients
-        self._contexts = [cpu_compute(config.num_threads, config.onednn), quiet_lightning()]
+        # for the actor's whole life: it fits many clients, computing as the driver would
+        settings.apply()
+        self._contexts = [quiet_lightning()]
         for context in self._contexts:
             context.__enter__()
         self.fitter = ClientFitter(config)
@@ -110,7 +116,8 @@ class RayBackend(Backend):
         num_workers: actors to start (``null``: one per GPU if ``num_gpus_per_client > 0``, else
             one per CPU Ray reports divided by ``num_cpus_per_client``).
         num_gpus_per_client: GPUs (or a fraction of one) each actor holds.
-        num_cpus_per_client: CPUs each actor holds; also its torch threads.
+        num_cpus_per_client: CPUs each actor holds (Ray's scheduling); its torch threads are the
+            run's (``loop.num_threads``, else the driver's), so results equal sequential fits.
     """
 
     def __init__(
@@ -158,7 +165,7 @@ class RayBackend(Backend):
         # a Ray instance this backend starts is shut down by stop(); one the user started stays
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            with _quiet_default_token_auth():
+            with _quiet_default_token_auth(), keep_sigterm_handler():  # ray.init sets its own
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         resources = ray.cluster_resources()
         self._check_resources(ray, resources)
@@ -172,7 +179,8 @@ class RayBackend(Backend):
         count = max(1, count)
         if not self.num_gpus and config.accelerator == "auto":
             config = dataclasses.replace(config, accelerator="cpu")  # no GPU in a CPU-only actor
-        config = dataclasses.replace(config, num_threads=self.num_cpus)
+        settings = ComputeSettings.current()  # the driver's, inside the run's cpu_compute
+        config = dataclasses.replace(config, num_threads=settings.num_threads)
         # an actor whose process dies (out of memory, a crashed kernel) fails the clients it was
         # fitting and is restarted for the next ones
         worker = ray.remote(
@@ -181,7 +189,7 @@ class RayBackend(Backend):
         model = copy.deepcopy(model)
         model.trainer = None
         self.shared = [ray.put(model), ray.put(datamodule)]  # alive while actors may restart
-        self.workers = [worker.remote(config) for _ in range(count)]
+        self.workers = [worker.remote(config, settings) for _ in range(count)]
 
     def _check_resources(self, ray: Any, resources: dict[str, float]) -> None:
         """Refuse at once an actor that no node of the cluster can ever hold (Ray would wait
@@ -210,6 +218,8 @@ class RayBackend(Backend):
             job.client_id: (job, workers[job.client_id].fit.remote(job, self.shared))
             for job in jobs
         }
+        if self.on_client_done is not None:
+            self._count_as_finished(ray, {ref: cid for cid, (_, ref) in pending.items()})
         results: RoundResults = {}
         for cid, (job, ref) in pending.items():
             for attempt in range(_UNAVAILABLE_RETRIES + 1):
@@ -233,9 +243,14 @@ class RayBackend(Backend):
                     # the actor died during this fit: that client failed, through no fault of its own
                     results[cid] = WorkerLost(f"client {cid}'s Ray actor was lost: {error}")
                 break
-            if self.on_client_done is not None:
-                self.on_client_done(cid)
         return results
+
+    def _count_as_finished(self, ray: Any, refs: dict[Any, int]) -> None:
+        """Report each client as its fit ends (succeeded or failed), in the order they end."""
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                self.on_client_done(refs.pop(ref))
 
     def stop(self) -> None:
         if self.workers:

@@ -16,7 +16,15 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from fedlightning.cli_help import PlainHelpFormatter
 from fedlightning.cofed.pipeline import CoFED, CoFEDResult
-from fedlightning.loop.rundir import RunDirectory, check_run_dir, storage_error, write_marked
+from fedlightning.errors import RunInterrupted
+from fedlightning.loop.rundir import (
+    RESULT_FILES,
+    RunDirectory,
+    check_run_dir,
+    storage_error,
+    write_marked,
+)
+from fedlightning.signals import StopSignal, signal_number, stop_on_signals, stopped_by
 
 
 def build_parser() -> ArgumentParser:
@@ -48,7 +56,7 @@ def main(args: list[str]) -> CoFEDResult:
     check_run_dir(config.run_dir, option="run_dir", overwrite=config.overwrite)
     init = parser.instantiate(config)
     pipeline = CoFED(**{k: v for k, v in vars(init).items() if k not in ("config", "overwrite")})
-    with RunDirectory(pipeline.run_dir, config.overwrite, option="run_dir"):
+    with RunDirectory(pipeline.run_dir, config.overwrite, option="run_dir"), stop_on_signals():
         try:
             write_marked(
                 pipeline.run_dir / "config.yaml", parser.dump(config), "cofed: the resolved config"
@@ -56,3 +64,17 @@ def main(args: list[str]) -> CoFEDResult:
             return pipeline.run()
         except OSError as error:
             raise storage_error(error, pipeline.run_dir, "write the run's files") from None
+        except (KeyboardInterrupt, StopSignal) as stop:
+            raise _interrupted(pipeline, signal_number(stop)) from None
+
+
+def _interrupted(pipeline: CoFED, signum: int) -> RunInterrupted:
+    """A CoFED run has no rounds and no checkpoint: say where it stopped and how to start again."""
+    again = "run the same command again"
+    if any((pipeline.run_dir / name).exists() for name in RESULT_FILES):
+        again += " with --overwrite true (it wrote part of its report)"
+    return RunInterrupted(
+        f"{stopped_by(signum)} during {pipeline.stage}; a CoFED run is one shot with no "
+        f"checkpoint to resume: {again}",
+        signum,
+    )

@@ -108,6 +108,8 @@ class CoFED:
         self.num_threads = num_threads
         self.onednn = onednn
         self.console = Console(stderr=True)
+        #: what the run is doing (named when a signal stops it)
+        self.stage = "start-up"
 
     def run(self) -> CoFEDResult:
         """Run the pipeline and write the report to ``run_dir``."""
@@ -124,15 +126,18 @@ class CoFED:
         )  # fmt: skip
         with quiet_lightning(), self._progress() as progress:
             models, local_acc = self._local_training(data, progress)
+            self.stage = "prediction on the public set"
             task = progress.add_task("predicting on the public set", total=n)
             probs = []
             for model in models:
                 probs.append(model.predict_proba(data.public_x))
                 progress.advance(task)
+            self.stage = "the vote"
             pseudo = vote(
                 probs, [t.label_space for t in data.tasks], self.alpha, self.margin, self.weights
             )
             cofed_acc = self._update_training(data, models, pseudo, progress)
+        self.stage = "writing the report"
         result = self._report(
             data, models, pseudo, local_acc, cofed_acc, time.perf_counter() - started
         )
@@ -149,6 +154,7 @@ class CoFED:
         models, accuracy = [], []
         task = progress.add_task("local training", total=len(data.tasks))
         for i, t in enumerate(data.tasks):
+            self.stage = f"local training of participant {i + 1}/{len(data.tasks)}"
             model = self.participants.build(
                 i, len(t.label_space), data.sample_shape, derive_seed(self.seed, "participant", i)
             )
@@ -168,6 +174,7 @@ class CoFED:
         accuracy = []
         task = progress.add_task("update training", total=len(models))
         for i, (t, model, (idx, labels)) in enumerate(zip(data.tasks, models, pseudo, strict=True)):
+            self.stage = f"update training of participant {i + 1}/{len(models)}"
             if len(idx):
                 model.update_from(
                     t.train_x, t.local(t.train_y), data.public_x[idx], t.local(labels),

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fedlightning.data.hf_checks import check_images, check_labels, undecodable_image
 from fedlightning.data.sources import DataSplit, standardised
 from fedlightning.errors import ConfigurationError
 
@@ -121,16 +122,18 @@ def _column(dataset: Any, given: str | None, candidates: tuple[str, ...], option
     )
 
 
-def _images(dataset: Any, column: str) -> np.ndarray:
-    """``(n, C, H, W)`` (or ``(n, d)`` for vectors) as float32; uint8 pixels scaled to [0, 1]."""
-    values = [np.asarray(v) for v in dataset.with_format(None)[column]]
-    try:
-        x = np.stack(values)
-    except ValueError as error:
-        raise ConfigurationError(
-            f"column {column!r} holds samples of different shapes: resize them first "
-            "(every image of a data set must have one size)"
-        ) from error
+def _images(dataset: Any, column: str, where: str) -> np.ndarray:
+    """``(n, C, H, W)`` (or ``(n, d)`` for vectors) as float32; uint8 pixels scaled to [0, 1].
+    A sample that is missing, not an image or array of numbers, an undecodable image file, or of
+    another shape than the first is refused naming ``where`` (the data set and split), the row
+    and the column (:func:`fedlightning.data.hf_checks.check_images`)."""
+    try:  # images are decoded while the column is read
+        arrays = check_images(dataset.with_format(None)[column], column, where)
+    except ConfigurationError:
+        raise
+    except Exception as error:  # noqa: BLE001 (PIL raises several kinds for a bad image file)
+        raise undecodable_image(dataset, column, where, error) from None
+    x = np.stack(arrays)
     scale = 255.0 if x.dtype == np.uint8 else 1.0
     x = x.astype(np.float32) / scale
     if x.ndim == 3:  # (n, H, W): one channel
@@ -165,9 +168,13 @@ def load_huggingface(root: str | Path, options: dict[str, Any] | None = None) ->
     client = options.get("client_column")
     if client is not None:
         _column(train, client, (), "client_column")
+    root_text = f"data.root={str(options.get('path') or root)!r}"
+    train_at = f"{root_text} split {train_name!r}"
+    check_labels(train.with_format(None)[label], label, train_at)  # before any encoding
     test_name = options.get("test_split", "test")
     if test_name in splits:
         test = splits[test_name]
+        test_at = f"{root_text} split {test_name!r}"
     else:
         fraction = float(options.get("test_fraction", 0.2))
         if not 0 < fraction < 1:
@@ -178,11 +185,13 @@ def load_huggingface(root: str | Path, options: dict[str, Any] | None = None) ->
         parts = train.class_encode_column(label) if _needs_encoding(train, label) else train
         parts = parts.train_test_split(test_size=fraction, seed=0, stratify_by_column=label)
         train, test = parts["train"], parts["test"]
-    train_y, classes = _labels(train, label)
-    test_y, _ = _labels(test, label, classes)
+        train_at, test_at = (f"{train_at} ({part} part by test_fraction)" for part in parts)
+    train_y, classes = _labels(train, label, train_at)
+    test_y, _ = _labels(test, label, test_at, classes)
     split = standardised(
-        _images(train, image), train_y, _images(test, image), test_y, num_classes=len(classes)
-    )
+        _images(train, image, train_at), train_y, _images(test, image, test_at), test_y,
+        num_classes=len(classes),
+    )  # fmt: skip
     if client is not None:
         ids = np.asarray(train.with_format(None)[client])
         _, split.client_ids = np.unique(ids, return_inverse=True)
@@ -193,10 +202,12 @@ def _needs_encoding(dataset: Any, label: str) -> bool:
     return type(dataset.features[label]).__name__ != "ClassLabel"
 
 
-def _labels(dataset: Any, column: str, classes: np.ndarray | None = None):
+def _labels(dataset: Any, column: str, where: str, classes: np.ndarray | None = None):
     """Labels as ``0..K-1``: ClassLabel and integer labels keep their values (K = max + 1 or the
-    ClassLabel's size); other labels (strings) are numbered in sorted order."""
-    values = np.asarray(dataset.with_format(None)[column])
+    ClassLabel's size; whole-number floats count as integers); other labels (strings) are
+    numbered in sorted order. A missing or fractional label is refused naming the row
+    (:func:`fedlightning.data.hf_checks.check_labels`)."""
+    values = check_labels(dataset.with_format(None)[column], column, where)
     feature = dataset.features[column]
     if classes is None:
         if type(feature).__name__ == "ClassLabel":
@@ -206,14 +217,17 @@ def _labels(dataset: Any, column: str, classes: np.ndarray | None = None):
         else:
             classes = np.unique(values)
     if np.issubdtype(values.dtype, np.integer):
-        bad = (values < 0) | (values >= len(classes))
-        if bad.any():
+        bad = np.flatnonzero((values < 0) | (values >= len(classes)))
+        if len(bad):
             raise ConfigurationError(
-                f"label column {column!r} has values outside 0..{len(classes) - 1}"
+                f"{where}, column {column!r}: label column {column!r} has values outside "
+                f"0..{len(classes) - 1} (row {bad[0]}: {values[bad[0]]})"
             )
         return values.astype(np.int64), classes
     lookup = {value: i for i, value in enumerate(classes)}
     missing = sorted(set(values.tolist()) - set(lookup))
     if missing:
-        raise ConfigurationError(f"test labels {missing[:5]} do not occur in the training split")
+        raise ConfigurationError(
+            f"{where}, column {column!r}: test labels {missing[:5]} do not occur in the training split"
+        )
     return np.array([lookup[v] for v in values.tolist()], dtype=np.int64), classes

@@ -40,6 +40,7 @@ from fedlightning.privacy.report import PrivacyReport
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
+from fedlightning.signals import StopSignal, signal_number, stop_on_signals
 from fedlightning.state import ClientStore
 from fedlightning.training import cpu_compute, quiet_lightning
 
@@ -251,14 +252,15 @@ class FederatedLoop:
             with (
                 cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
                 quiet_lightning(),
+                stop_on_signals(),  # SIGINT and SIGTERM alike, Trainer fits included
             ):
                 try:
                     self.backend.start(
                         model, datamodule, run.fit_config, run.compute, self.reporter.client_done
                     )
                     return self._run(model, datamodule, run)
-                except KeyboardInterrupt:
-                    raise interrupted(self._newest_checkpoint()) from None
+                except (KeyboardInterrupt, StopSignal) as stop:
+                    raise interrupted(self._newest_checkpoint(), signal_number(stop)) from None
                 except OSError as error:  # the run's own files: never a client failure
                     raise storage_error(error, self.run_dir, "write the run's files") from None
                 finally:

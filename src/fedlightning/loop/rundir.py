@@ -26,10 +26,12 @@ import errno
 import fcntl
 import os
 import shutil
+import signal
 from pathlib import Path
 from types import TracebackType
 
 from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError
+from fedlightning.signals import stopped_by
 
 LOCK_NAME = ".fedlightning.lock"
 #: files whose presence means the directory holds a run's results
@@ -71,6 +73,7 @@ def check_run_dir(
             "write into the current folder)"
         )
     path = Path(run_dir)
+    _refuse_long_names(path, option)
     existing = path
     while not existing.exists():
         if existing.parent == existing:
@@ -138,16 +141,36 @@ def _refuse_foreign(path: Path, option: str, resuming: bool, ran_here: bool) -> 
         )
 
 
+#: the longest file name (one path component) Linux file systems allow, in bytes
+NAME_MAX = 255
+
+
+def _refuse_long_names(path: Path, option: str) -> None:
+    for part in path.parts:
+        if len(part.encode()) > NAME_MAX:
+            raise ConfigurationError(
+                f"{option}={str(path)[:60]!r}... is not allowed: its name {part[:30]!r}... is "
+                f"{len(part.encode())} bytes long, more than the {NAME_MAX} bytes a file name may "
+                "have; choose a shorter name"
+            )
+
+
 def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) -> None:
     results = [name for name in RESULT_FILES if (path / name).exists()]
     if results and not (resuming or overwrite):
         flag = (
             "--overwrite" if option == "run_dir" else f"--{option.replace('run_dir', 'overwrite')}"
         )
+        # only a run with a checkpoint resumes (CoFED's one-shot runs have none)
+        resume = (
+            f"resume it with --ckpt_path {path / 'last.ckpt'}, "
+            if (path / "last.ckpt").exists()
+            else ""
+        )
         raise ConfigurationError(
             f"{option}={str(path)!r} already holds another run's results "
-            f"({', '.join(results)}): resume it with --ckpt_path {path / 'last.ckpt'}, replace it "
-            f"with {flag} true, or choose another directory"
+            f"({', '.join(results)}): {resume}replace it with {flag} true, or choose another "
+            f"directory (--{option} DIR)"
         )
 
 
@@ -273,12 +296,19 @@ def storage_error(error: OSError, path: Path, doing: str, note: str = "") -> Sto
     return StorageError(f"could not {doing} in {str(path)!r}: {reason}{where}{note}")
 
 
-def interrupted(last_checkpoint: tuple[int, str] | None) -> RunInterrupted:
-    """The Ctrl-C message: after which round the run stopped and the checkpoint that resumes it
+def interrupted(
+    last_checkpoint: tuple[int, str] | None, signum: int = signal.SIGINT
+) -> RunInterrupted:
+    """The message of a run stopped by ``signum`` (SIGINT: "interrupted", SIGTERM: "terminated
+    (SIGTERM)"): after which round it stopped and the checkpoint that resumes it
     (``last_checkpoint`` is ``(rounds done, path)`` of the newest checkpoint, or None)."""
+    how = stopped_by(signum)
     if last_checkpoint is None:
         return RunInterrupted(
-            "interrupted before the first checkpoint was written: nothing to resume, start again"
+            f"{how} before the first checkpoint was written: nothing to resume, start again",
+            signum,
         )
     rounds, path = last_checkpoint
-    return RunInterrupted(f"interrupted after round {rounds}; resume with --ckpt_path {path}")
+    return RunInterrupted(
+        f"{how} after round {rounds}; resume with --ckpt_path {path}", signum, checkpoint=path
+    )
