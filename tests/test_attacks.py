@@ -101,7 +101,7 @@ def test_label_flip_clients_survive_the_flower_wire():
     assert back == config and back.label_flip_clients == (2, 5)
     records = pytest.importorskip("fedlightning.flower_app.records")
     job = ClientJob(0, 2, Payload({"w": torch.zeros(2)}), {})
-    _, read, _ = records.read_jobs(records.jobs_content([job], config, {}))
+    _, read, _, _ = records.read_jobs(records.jobs_blob([job], config, {}))
     assert read == config and hash(read) == hash(config)
 
 
