@@ -52,6 +52,11 @@ SKIP = {
     "python benchmarks/overhead.py --accelerator cuda": "needs a GPU",
     "python benchmarks/scaling.py --accelerator cuda": "needs a GPU",
     "python benchmarks/gpu_check.py": "needs a GPU",
+    "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend "
+    "--loop.backend.init_args.address 127.0.0.1:8000 --loop.backend.init_args.insecure true "
+    "--loop.backend.init_args.secure_aggregation true": "needs the SuperLink and the two "
+    "SuperNodes of the deployment block above, which this walk stops after their block; "
+    "tests/test_flower_secure.py runs the same options through the CLI on a localhost federation",
 }
 #: command -> options appended to make it short; each string is documented in the README
 SHORTEN = {
