@@ -70,6 +70,8 @@ SHORTEN = {
     "fedlightning fit -c configs/quickstart.yaml --loop.backend RayBackend": "--loop.rounds 3",
     # 30 rounds at about 10 s a round on one machine (README: Flower's per-round cost)
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend": "--loop.rounds 2",
+    # the whole table is 100,000 clients' worth of runs (README: *Speed and scale*)
+    "nice -n 15 .venv/bin/python benchmarks/scale.py": "--clients 100 1000 --per-round 10 --rounds 1",
 }
 #: long-running servers: started in the background and stopped after their block
 SERVERS = ("flower-superlink", "flower-supernode")
