@@ -20,6 +20,7 @@ from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server import FedAvg, Scaffold
 from objective_helpers import SYNTHETIC, synthetic_run
 from test_scaffold import _OneClient
+from user_clients import ScheduledClient
 
 
 def _sgd_movement(steps: int, rho: float, nesterov: bool, lr: float = 0.1) -> float:
@@ -153,14 +154,8 @@ class _Scheduled(ScaffoldClient):
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)]
 
 
-class _StepScheduled(ScaffoldClient):  # Lightning's dict form, as users write it
-    def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
-        }
+class _StepScheduled(ScheduledClient, ScaffoldClient):
+    """SCAFFOLD with the user objective's dict-form step scheduler (tests/user_clients.py)."""
 
 
 class _Dampened(ScaffoldClient):
