@@ -67,6 +67,7 @@ from fedlightning.backends.cohort_optim import (
     optimizer_refusal,
 )
 from fedlightning.backends.cohort_state import ClientView, ContextLoss
+from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import COHORT_PRECISIONS, Compute
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import fit_result, split_optimizers, trainer_reason
@@ -143,9 +144,11 @@ class CohortBackend(Backend):
 
     def _run_cohort(self, round_index: int, number: int, jobs: list[ClientJob]) -> RoundResults:
         model, config, device = self.model.to(self.device), self.config, self.device
-        views, optimizers, names = [], [], []
+        views, optimizers, names, watches = [], [], [], []
         for job in jobs:  # begin_client once per client: its view is kept until its end_client
+            watches.append(ClientWatch(model, job.client_id))  # per-client state never kept
             self._begin(round_index, job)
+            watches[-1].begun()
             views.append(ClientView.capture(model, job.client_id, first=not views))
             optimizers.append(split_optimizers(model.configure_optimizers())[0])
             names.append({id(p): f"objective.{n}" for n, p in model.named_parameters()})
@@ -214,15 +217,16 @@ class CohortBackend(Backend):
                 scaler.update(finite, active)
             steps[active_ids] += 1
         stacks = {**params, **buffers, **context}
-        return self._finish(jobs, views, wrapper, stacks, optim, steps, metrics)
+        return self._finish(jobs, views, wrapper, stacks, optim, steps, metrics, watches)
 
-    def _finish(self, jobs, views, wrapper, stacks, optim, steps, metrics) -> RoundResults:
+    def _finish(self, jobs, views, wrapper, stacks, optim, steps, metrics, watches) -> RoundResults:
         """Each client's view back on the objective with its trained tensors, optimizer state and
         tracked metrics, then the result as every backend builds it (:func:`fit_result`)."""
         model, results = self.model, {}
         for i, (job, view) in enumerate(zip(jobs, views, strict=True)):
             view.restore(model)
             wrapper.load_client(i, stacks)
+            watches[i].mark()
             optimizer = split_optimizers(model.configure_optimizers())[0]
             by_id = {id(p): f"objective.{n}" for n, p in model.named_parameters()}
             num_steps = int(steps[i])
@@ -234,6 +238,7 @@ class CohortBackend(Backend):
             metrics.load(i, model.batch_metrics)
             samples = self.dm.client_num_samples(job.client_id)
             results[job.client_id] = fit_result(model, job, samples, num_steps)
+            watches[i].ended()
         return results
 
 

@@ -197,7 +197,7 @@ def prepare_run(
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
     identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
-        loop.backend,
+        loop.backend, loop.aggregator.declared_states(),
     )  # fmt: skip
     server = ServerDevice(compute.device)
     loop.aggregator.setup(
