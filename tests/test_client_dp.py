@@ -180,7 +180,7 @@ def test_the_accountant_never_goes_back_when_a_round_is_undone():
     before = aggregator.state_dict()
     undo = aggregator.snapshot()
     aggregator.aggregate(1, [])
-    aggregator.restore(undo)  # the server guard's undo: the privacy spent is declared rollback=False
+    aggregator.restore(undo)  # the guard's undo: privacy_spent is declared rollback=False
     assert aggregator.accountant.steps == 2
     assert torch.equal(aggregator.global_state()["w"], before["inner"]["weights"]["w"])
     fresh = dp(4, 0.5)

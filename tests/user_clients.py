@@ -363,3 +363,26 @@ class MemoryInState(_MemoryObjective):
     def end_client(self, num_steps):
         weights, extras, state = super().end_client(num_steps)
         return weights, extras, {**state, "m": self.new_memory(weights)}
+
+
+class FedDynServer(FedAvg):
+    """FedDyn's server (Acar et al., ICLR 2021, arXiv:2111.04263): ``h <- h - alpha (mean - w)``,
+    ``w <- mean - h / alpha`` on the parameters."""
+
+    def __init__(self, alpha: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        self.add_state("h", "parameters")
+
+    def server_update(self, server_round):
+        new = {}
+        for key in server_round.parameter_keys:
+            self.h[key] = self.h[key] - self.alpha * (server_round.mean[key] - self.weights[key])
+            new[key] = server_round.mean[key] - self.h[key] / self.alpha
+        return new
+
+
+class FedDynPaired(FedDynClient):
+    """FedDyn's client naming the server it needs."""
+
+    required_aggregator = frozenset({"FedDynServer"})

@@ -36,6 +36,7 @@ from fedlightning.loop.checks import check_accelerator, check_seed
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
+from fedlightning.loop.plugin_hooks import check_hooks
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import check_run_dir, resumes_in, write_marked
 from fedlightning.loop.sampling import SAMPLINGS, check_sampling, clients_per_round, sampling_rate
@@ -163,9 +164,10 @@ def prepare_run(
 ) -> RunState:
     """Every check and set-up before the run directory is written to; returns what the rounds
     need (:class:`~fedlightning.loop.run_state.RunState`)."""
+    check_hooks(model, loop.aggregator, loop.attack, loop.backend)
+    check_pairing(model, loop.aggregator, loop.precision)
     datamodule.setup("fit")
     per_round = clients_per_round(loop.clients_per_round, datamodule.num_clients, loop.min_clients)
-    check_pairing(model, loop.aggregator, loop.precision)
     adversary, fit_config = prepare_attack(
         loop.attack, loop.aggregator, loop.fit_config, datamodule.num_clients, per_round,
         loop.rounds, loop.seed,

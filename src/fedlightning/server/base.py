@@ -44,14 +44,17 @@ that no other attribute changes (:mod:`fedlightning.server.state_watch`): state 
 declaration is refused, naming the attribute. Set-up work that is not state goes in
 :meth:`Aggregator.on_setup`.
 
-The loop reads ``payload_extras``, ``required_upload_extras`` and ``weighting`` from the instance
-(class attributes or properties, as a wrapper such as InCo forwards its inner aggregator's).
+**Pairing.** The loop reads ``payload_extras``, ``required_upload_extras``, ``weighting``,
+``served_objectives`` and ``capabilities`` from the instance (class attributes or properties, as a
+wrapper such as InCo forwards its inner aggregator's) and refuses an objective that does not fit
+before anything is written (:mod:`fedlightning.loop.pairing`, docs/algorithms.md section 2.6).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from typing import ClassVar
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import ClientKeys, Payload, StateDict, Upload
@@ -100,15 +103,22 @@ def check_client_keys(initial: StateDict, client_keys: list[ClientKeys], num_cli
 class Aggregator(ServerState, RecordsInitArgs, ABC):
     """Base class of all server aggregators.
 
-    Subclasses declare what they put in payload extras (``payload_extras``) and what they need in
-    upload extras (``required_upload_extras``), so the loop can refuse a client objective that
-    does not fit before training starts. The arguments an aggregator is constructed with are recorded
+    Subclasses declare what they put in payload extras (``payload_extras``), what they need in
+    upload extras (``required_upload_extras``) and which objectives they serve
+    (``served_objectives``), so the loop can refuse a client objective that does not fit before
+    training starts. The arguments an aggregator is constructed with are recorded
     (:mod:`fedlightning.recorded_args`): they are part of a run's identity. Its state is declared
     (:class:`~fedlightning.server.server_state.ServerState`).
     """
 
     payload_extras: frozenset[str] = frozenset()
     required_upload_extras: frozenset[str] = frozenset()
+    #: the client objectives this aggregator serves, by class name (any base class's counts) or
+    #: capability (an objective's ``capabilities``): one of them is needed; empty: any objective
+    served_objectives: ClassVar[frozenset[str]] = frozenset()
+    #: names an objective's ``required_aggregator`` may ask for, besides the class names of this
+    #: aggregator (and of the aggregator it wraps)
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     num_clients: int = 0
     seed: int = 0
     client_keys: list[ClientKeys] | None = None
