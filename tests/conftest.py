@@ -30,3 +30,12 @@ def run_cli(run_dir: Path, *args: str, config: str = "tiny.yaml") -> list[dict[s
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance of 2 CPUs for a test module's Ray runs (skipped without Ray)."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

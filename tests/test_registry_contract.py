@@ -265,14 +265,6 @@ def test_the_cohort_backend_equals_sequential_under_every_aggregator(aggregator_
     assert refusal is None, refusal
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow  # Ray's start-up and actors: about half a minute
 @pytest.mark.parametrize("aggregator_cls", PLUGINS, ids=lambda c: c.__name__)
 def test_every_plugin_aggregator_gives_the_same_bits_on_ray(aggregator_cls, local_ray, tmp_path):

@@ -210,14 +210,6 @@ def test_per_client_memory_in_the_state_is_the_same_under_the_cohort(tmp_path):
     assert seq_store.keys() == cohort_store.keys()
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow  # Ray's start-up and actors
 def test_per_client_memory_on_the_module_is_refused_on_ray(local_ray, tmp_path):
     with pytest.raises(ConfigurationError, match=r"MemoryOnModule.memory changed in place"):

@@ -108,7 +108,9 @@ class StateSpec:
         """How the state starts, in words (the run's identity, the docs)."""
         kept = "" if self.rollback else " (kept when a round is undone)"
         if self.kind == "tensor":
-            return f"the tensor {self.init.tolist()!r} ({_describe(_layout(self.init))})" + kept
+            dtype, shape, _ = _layout(self.init)
+            values = f" {self.init.tolist()!r}" if self.init.numel() <= 8 else ""
+            return f"the {dtype} {shape} tensor{values}" + kept
         if self.kind == "number":
             return f"the number {self.init!r}" + kept
         if self.kind == "list":

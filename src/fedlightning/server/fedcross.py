@@ -38,15 +38,9 @@ from fedlightning.server.functional import (
 )
 
 __all__ = [
-    "FedCross",
-    "cross_mix",
-    "dynamic_alpha",
-    "layer_groups",
-    "parameter_keys",
-    "propeller_collaborators",
-    "select_collaborators",
-    "similarity_matrix",
-]
+    "FedCross", "cross_mix", "dynamic_alpha", "layer_groups", "parameter_keys",
+    "propeller_collaborators", "select_collaborators", "similarity_matrix",
+]  # fmt: skip
 
 
 # -- the aggregator ---------------------------------------------------------------------------------
