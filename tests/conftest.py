@@ -34,8 +34,17 @@ def cli():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A local Ray instance of 2 CPUs for a test module's Ray runs (skipped without Ray)."""
+    """A local Ray instance of 2 CPUs for a test module's Ray runs (skipped without Ray); its
+    actors import the plug-ins of tests/user_clients.py as a user's installed module."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), saved]))
+    try:  # the local cluster's processes inherit the environment of ray.init
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
     yield
     ray.shutdown()

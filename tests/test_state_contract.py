@@ -186,8 +186,24 @@ def test_per_client_memory_on_the_module_is_refused(backend, tmp_path):
     with pytest.raises(ConfigurationError) as refused:
         _run(MemoryOnModule, FedAvg(), tmp_path, 2, backend=backend())
     message = str(refused.value)
-    assert message.startswith("MemoryOnModule.memory changed in place during client ")
+    assert message.startswith("MemoryOnModule.memory changed in place outside begin_client during")
     assert "return it in end_client's state" in message and "\n" not in message
+
+
+class CarriesLastUpload(MemoryInState):
+    """Hands each client's trained weights to the next client through an attribute that
+    ``end_client`` assigns: order-dependent data outside the ClientStore."""
+
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
+        self.previous = weights
+        return weights, extras, state
+
+
+def test_an_attribute_assigned_outside_begin_client_is_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match=r"CarriesLastUpload.previous appeared outside "
+                       r"begin_client during client \d+'s round"):  # fmt: skip
+        _run(CarriesLastUpload, FedAvg(), tmp_path, 1)
 
 
 def test_per_client_memory_in_the_state_resumes_exactly(tmp_path):

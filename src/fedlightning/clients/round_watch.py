@@ -10,15 +10,16 @@ such an attribute is lost for the others.
 
 :class:`ClientWatch` tells the two apart without a declaration. Round context is what
 ``begin_client`` assigns (binds an attribute to a new object): it is each client's own. The rule:
-during a client's round, no attribute that its ``begin_client`` did not assign may change in
-place; such a change carries data from one client (or round) to the next outside the
-ClientStore. The watch fingerprints the objective's attributes
+during a client's round, no attribute that its ``begin_client`` did not assign may change, in
+place or by assignment, nor may one appear; such a change carries data from one client (or round)
+to the next outside the ClientStore (and the cohort, which restores each client's attributes
+before its ``end_client``, would drop it). The watch fingerprints the objective's attributes
 (:func:`fedlightning.fingerprint.fingerprint`: tensors by identity and version counter, never by
 data; registered parameters, buffers and submodules are the network's, loaded every round, and are
 not attributes here; an attribute's unregistered modules count by identity, as MOON's frozen
 models are round context loaded in place) before ``begin_client``, after it, and after
-``end_client``, and refuses the first attribute changed in place in one line naming the class,
-the attribute and the fix. Lightning's attributes and the base class's bookkeeping
+``end_client``, and refuses the first such change in one line naming the class, the attribute
+and the fix. Lightning's attributes and the base class's bookkeeping
 (``ClientModule.bookkeeping_attributes``) are not watched.
 
 Not detected: a value ``begin_client`` rebuilds from the previous client's (``self.count += 1``
@@ -39,8 +40,10 @@ from fedlightning.fingerprint import fingerprint
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
 
-#: an attribute's identity and fingerprint
-Print = tuple[int, Hashable]
+#: an attribute's identity (``None`` for a number, a string or ``None``: compared by value) and
+#: fingerprint
+Print = tuple[int | None, Hashable]
+_ATOMS = (int, float, complex, str, bytes, type(None))
 
 
 @functools.cache
@@ -52,7 +55,7 @@ def _lightning_attributes() -> frozenset[str]:
 def _prints(objective: ClientModule) -> dict[str, Print]:
     skip = _lightning_attributes() | objective.bookkeeping_attributes
     return {
-        name: (id(value), fingerprint(value, modules=False))
+        name: (None if isinstance(value, _ATOMS) else id(value), fingerprint(value, modules=False))
         for name, value in vars(objective).items()
         if name not in skip
     }
@@ -71,34 +74,38 @@ class ClientWatch:
 
     def begun(self) -> None:
         """After ``begin_client``: what it assigned is this client's round context; an attribute
-        it changed in place is refused."""
-        after = _prints(self.objective)
-        self._refuse_changes(self.before, after, "begin_client")
-        self.context = frozenset(
-            n for n, p in after.items() if self.before.get(n, (None,))[0] != p[0]
-        )
-        self.before = after
+        it changed in place (without assigning it) is refused."""
+        after, context = _prints(self.objective), set()
+        for name, (identity, print_) in after.items():
+            old = self.before.get(name)
+            if old is None or old[0] != identity or (identity is None and old[1] != print_):
+                context.add(name)  # assigned (a new object, or a new number)
+            elif old[1] != print_:
+                self._refuse(name, "changed in place in begin_client")
+        self.context, self.before = frozenset(context), after
 
     def mark(self) -> None:
         """The client's attributes are as its round left them (before its ``end_client``)."""
         self.before = _prints(self.objective)
 
     def ended(self) -> None:
-        """After ``end_client``: an attribute changed in place since :meth:`begun` (or
-        :meth:`mark`) that ``begin_client`` did not assign is refused."""
-        after = {n: p for n, p in _prints(self.objective).items() if n not in self.context}
-        self._refuse_changes(self.before, after, "the round")
+        """After ``end_client``: an attribute ``begin_client`` did not assign that changed since
+        :meth:`begun` (or :meth:`mark`), in place or by assignment, is refused."""
+        for name, print_ in _prints(self.objective).items():
+            old = self.before.get(name)
+            if name in self.context or old == print_:
+                continue
+            if old is None:
+                how = "appeared"
+            else:
+                how = "was assigned" if old[0] != print_[0] else "changed in place"
+            self._refuse(name, f"{how} outside begin_client")
 
-    def _refuse_changes(self, before: dict[str, Print], after: dict[str, Print], when: str) -> None:
-        for name, (identity, print_) in after.items():
-            old = before.get(name)
-            if old is not None and old[0] == identity and old[1] != print_:
-                cls = type(self.objective).__name__
-                raise ConfigurationError(
-                    f"{cls}.{name} changed in place during client {self.client_id}'s {when} "
-                    f"(it was not set by begin_client): per-client data kept on the module is "
-                    "not checkpointed and is lost under the cohort backend; return it in "
-                    f"end_client's state (and read it back from the state in begin_client), or "
-                    f"assign self.{name} anew in begin_client if it is round context "
-                    "(docs/algorithms.md section 1)"
-                )
+    def _refuse(self, name: str, how: str) -> None:
+        raise ConfigurationError(
+            f"{type(self.objective).__name__}.{name} {how} during client {self.client_id}'s "
+            "round: per-client data kept on the module is not checkpointed and is lost under "
+            "the cohort backend; return it in end_client's state (and read it back from the "
+            "state in begin_client), or, if it is round context, assign it in begin_client "
+            "(docs/algorithms.md section 1)"
+        )
