@@ -11,7 +11,7 @@ import torch
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.backends import CohortBackend, RayBackend, SequentialBackend
 from fedlightning.errors import ConfigurationError
-from fedlightning.server import FedAvg
+from fedlightning.server import FedAvg, FedAvgM
 from fedlightning.server.state_watch import StateWatch
 from user_clients import AdamDeclaredCounter, AdamPlainCounter, MemoryInState, MemoryOnModule
 
@@ -144,6 +144,16 @@ def test_the_watch_passes_configuration_setup_data_and_transients_and_refuses_th
         watch.check(1)
     agg.load_state_dict(agg.state_dict())
     assert agg.last_norm is None  # transients go back to their value after set-up
+
+
+def test_under_64_true_the_server_state_is_float64_from_the_start_and_resumes(tmp_path):
+    """The fits train in float64, so the server model and the state built from it start there:
+    a declared state keeps its dtype across rounds, and a resume loads into the same layout."""
+    straight, resumed = _straight_and_resumed(MemoryInState, FedAvgM, tmp_path, precision="64-true")
+    for loop in (straight, resumed):
+        state = loop.aggregator.state_dict()
+        dtypes = {v.dtype for s in (state["weights"], state["momentum"]) for v in s.values()}
+        assert dtypes == {torch.float64}
 
 
 # -- the held-out server plug-in: an Adam-style step counter -------------------------------------

@@ -51,10 +51,10 @@ def fingerprint(value: Any, modules: bool = True) -> Hashable:
 
 
 def _fingerprint(value: Any, modules: bool, depth: int, path: frozenset[int]) -> Hashable:
+    if isinstance(value, Tensor):  # first: the most common leaf
+        return ("tensor", id(value), _version(value))
     if isinstance(value, _ATOMS):
         return value
-    if isinstance(value, Tensor):
-        return ("tensor", id(value), _version(value))
     if isinstance(value, _REFS) or depth >= MAX_DEPTH or id(value) in path:
         return ("ref", id(value))
     path = path | {id(value)}

@@ -98,9 +98,10 @@ class ClientFitter:
         """Client ``job.client_id``'s local fit from ``job.payload``: its upload and new state.
 
         Seeded from ``(seed, round, client)`` so that the order in which clients are fitted never
-        changes a result. Per-client data kept on the module instead of in the state
-        ``end_client`` returns is refused (:class:`~fedlightning.clients.round_watch.ClientWatch`). ``num_steps`` (K_i) counts optimizer steps, as Lightning's
-        ``global_step`` does: also those a ``16-mixed`` gradient scaler skipped.
+        changes a result. ``num_steps`` (K_i) counts optimizer steps, as Lightning's
+        ``global_step`` does: also those a ``16-mixed`` gradient scaler skipped. Per-client data
+        kept on the module instead of in the state ``end_client`` returns is refused
+        (:class:`~fedlightning.clients.round_watch.ClientWatch`).
         """
         fit_seed = derive_seed(self.config.seed, "fit", job.round_index, job.client_id)
         seed_fit(fit_seed)

@@ -89,7 +89,7 @@ DERIVED = {
     "partition_hash": "resume with the same data options and the same data on disk",
     "architecture": "resume with the same model.network/networks and network_kwargs",
     "client_state": "resume with the same --loop.client_state",
-    "server_state": "resume with the aggregator code that wrote the checkpoint (its declared state)",
+    "server_state": "resume with the aggregator code that wrote the checkpoint (its state)",
     "backend_results": "resume with a --loop.backend whose fits give the checkpoint's results",
 }
 NEW_RUN = (

@@ -33,6 +33,7 @@ from fedlightning.fit import trainer_reason
 from fedlightning.loop.byzantine import prepare_attack
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator, check_seed
+from fedlightning.loop.failures import fit_float_dtype
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
@@ -196,7 +197,13 @@ def prepare_run(
     # not take over a directory holding another run's results (unless overwrite)
     resuming = bool(ckpt_path) and resumes_in(ckpt_path, loop.run_dir)
     check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
-    initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
+    # in the dtype the fits train it in (64-true: float64 from the start), so that the server
+    # state keeps its declared layout across rounds (docs/algorithms.md section 2.6)
+    dtype = fit_float_dtype(loop.precision)
+    initial = {
+        k: v.detach().to("cpu", dtype if dtype and v.is_floating_point() else None, copy=True)
+        for k, v in model.network.state_dict().items()
+    }
     identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
         loop.backend, loop.aggregator.declared_states(),

@@ -65,7 +65,8 @@ def _describe(layout: tuple[str, tuple[int, ...], torch.device]) -> str:
 @dataclass(frozen=True)
 class StateSpec:
     """One declared state: ``name`` (the attribute and the checkpoint entry), how it starts
-    (``init``, ``fill``) and whether an undone round restores it (``rollback``; module docstring)."""
+    (``init``, ``fill``) and whether an undone round restores it (``rollback``); module
+    docstring."""
 
     name: str
     init: Any

@@ -63,7 +63,8 @@ class FedNova(FedAvg):
     Written on the :meth:`server_update` hook: the normalised step applies to the trainable
     parameters; buffers (BatchNorm running statistics, counters) take the FedAvg mean, as
     :func:`fednova_aggregate` does for running statistics. With equal ``a_i`` (equal step counts,
-    no momentum) this is exactly FedAvg. Pair with :class:`fedlightning.clients.FedNovaClient` (``served_objectives``).
+    no momentum) this is exactly FedAvg. Pair with :class:`fedlightning.clients.FedNovaClient`
+    (``served_objectives``).
 
     Args:
         weighting: ``samples`` (p_i by n_i, the paper) or ``uniform``.
