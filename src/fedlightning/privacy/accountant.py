@@ -87,6 +87,22 @@ class PrivacyAccountant:
         accountant.history = [(z, q, int(n)) for z, q, n in self.history]
         return float(accountant.get_epsilon(delta=delta))
 
+    def extends(self, other: PrivacyAccountant) -> bool:
+        """Whether this composition is ``other``'s with more steps after it (privacy spent since
+        ``other`` was recorded)."""
+        if self.mechanism != other.mechanism or self.steps <= other.steps:
+            return False
+        n = len(other.history)
+        if n == 0:
+            return True
+        head = self.history[: n - 1]
+        last_same = self.history[n - 1][:2] == other.history[-1][:2]
+        return (
+            head == other.history[:-1]
+            and last_same
+            and self.history[n - 1][2] >= other.history[-1][2]
+        )
+
     def state_dict(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "history": [list(h) for h in self.history]}
 
