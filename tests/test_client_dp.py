@@ -125,7 +125,7 @@ def test_adaptive_clip_norm_shrinks_when_every_update_is_unclipped():
     tiny = [upload(i, {"w": torch.full((4,), 0.01)}) for i in range(4)]
     for r in range(20):
         aggregator.aggregate(r, tiny)
-    assert aggregator.current_clip < 10.0 * math.exp(-0.2 * 0.5 * 20) * 3
+    assert aggregator.statistic.current_clip < 10.0 * math.exp(-0.2 * 0.5 * 20) * 3
 
 
 def test_server_optimizers_run_on_the_noised_mean():
@@ -147,13 +147,21 @@ def test_server_optimizers_run_on_the_noised_mean():
     [
         (FedNova(), "FedNova cannot: its server update normalises"),
         (Scaffold(), "Scaffold cannot: its server update adds every client's delta_c"),
-        (FedCross(), "FedCross is not built on the owner-aware mean"),
-        (InCo(), "InCo is not built on the owner-aware mean"),
+        (FedCross(), "FedCross is not built on FedAvg's statistic and server update"),
+        (InCo(), "InCo is not built on FedAvg's statistic and server update"),
         (FedAvg(weighting="samples"), r"weighting='samples' weights a client by n_i"),
-        (FedAvg(weighting="uniform", aggregation="median"), r"aggregation='median' is a robust"),
-        (FedAvg(weighting="uniform", clip_norm=1.0), r"clip_norm must be null"),
-        (Krum(), "Krum is a Byzantine-robust rule over the individual uploads"),
-        (NormBound(weighting="uniform"), "NormBound is a Byzantine-robust rule"),
+        (
+            FedAvg(weighting="uniform", aggregation="median"),
+            r"by Median \(loop.aggregator.init_args.aggregation='median'\), a statistic over the "
+            "individual uploads",
+        ),
+        (
+            FedAvg(weighting="uniform", clip_norm=1.0),
+            r"by Mean \(loop.aggregator.init_args."
+            r"clip_norm=1.0\), a statistic over the individual uploads",
+        ),
+        (Krum(), r"Krum combines the uploads by Krum \(loop.aggregator=Krum\), a statistic"),
+        (NormBound(weighting="uniform"), r"NormBound combines the uploads by Mean"),
     ],
 )
 def test_aggregators_that_cannot_clip_per_client_are_refused(inner, message):
@@ -206,7 +214,7 @@ def test_within_groups_each_group_divides_by_its_own_expected_owners():
     )
     aggregator.plan("poisson", 0.5, 10, 1)
     aggregator.setup(initial, 4, client_keys=keys)
-    assert aggregator.denominators == {"a/w": 1.5, "b/w": 0.5}
+    assert aggregator.statistic.denominators == {"a/w": 1.5, "b/w": 0.5}
     aggregator.aggregate(0, [upload(0, {"w": torch.tensor([3.0, 0.0])}),
                              upload(3, {"w": torch.tensor([0.0, 1.0])})])  # fmt: skip
     models = aggregator.deployables()

@@ -67,7 +67,7 @@ def test_multi_krum_averages_the_best_scores():
 def test_krum_adopts_the_attacks_f_and_refuses_beyond_its_breakdown_point():
     agg = Krum()
     agg.check_byzantine(per_round=11, byzantine=4)  # 11 > 2 * 4 + 2
-    assert agg.assumed_byzantine == 4
+    assert agg.statistic.assumed_byzantine == 4
     with pytest.raises(ConfigurationError, match=r"n > 2f \+ 2") as refused:
         Krum().check_byzantine(per_round=10, byzantine=4)
     assert "loop.attack" in str(refused.value) and "n=10" in str(refused.value)
@@ -134,15 +134,15 @@ def test_centered_clipping_keeps_its_center_across_rounds():
     agg = _server(CenteredClipping(radius=1.0), num_clients=2)
     agg.aggregate(0, _uploads([[3.0, 4.0], [0.6, 0.8]]))
     torch.testing.assert_close(agg.global_state()["w"], torch.tensor([0.6, 0.8]))
-    torch.testing.assert_close(agg.center["w"], torch.tensor([0.6, 0.8]))
+    torch.testing.assert_close(agg.statistic.center["w"], torch.tensor([0.6, 0.8]))
     # the same updates again, now clipped around the center (0.6, 0.8): v = (0.9, 1.2)
     agg.aggregate(1, _uploads([[3.6, 4.8], [1.2, 1.6]]))
     torch.testing.assert_close(agg.global_state()["w"], torch.tensor([1.5, 2.0]))
-    torch.testing.assert_close(agg.center["w"], torch.tensor([0.9, 1.2]))
-    assert "center" in agg.declared_states()
+    torch.testing.assert_close(agg.statistic.center["w"], torch.tensor([0.9, 1.2]))
+    assert "statistic.center" in agg.declared_states()
     clone = _server(CenteredClipping(radius=1.0), num_clients=2)
     clone.load_state_dict(agg.state_dict())
-    torch.testing.assert_close(clone.center["w"], agg.center["w"])
+    torch.testing.assert_close(clone.statistic.center["w"], agg.statistic.center["w"])
 
 
 def test_norm_bound_clips_each_update_before_the_mean():

@@ -13,6 +13,7 @@ from fedlightning.protocol import Upload
 from fedlightning.server import FedAdam, FedAvg, FedAvgM, FedNova, InCo, Scaffold
 from fedlightning.server.base import ClientKeys
 from fedlightning.server.functional import parameter_keys
+from fedlightning.server.statistics import StatisticContext
 
 T = torch.float64
 
@@ -125,7 +126,9 @@ def test_scaffold_updates_c_in_the_hook_only():
         Upload(u.client_id, u.weights, 1, 1, {"delta_c": {"w": torch.ones(2, dtype=T)}})
         for u in _uploads()
     ]
-    assert agg.average(uploads) and not agg.c["w"].any()  # the mean has no side effect
+    context = StatisticContext(0, 0, agg.weights)
+    mean = agg.statistic.combine([u.weights for u in uploads], [1.0, 1.0], context)
+    assert mean and not agg.c["w"].any()  # the mean has no side effect
     agg.aggregate(0, uploads)
     assert agg.c["w"].tolist() == [1.0, 1.0]  # (1/N_w) sum_i delta_c = 2 / 2
 

@@ -15,6 +15,7 @@ from fedlightning.recorded_args import recorded_init_args
 from fedlightning.server import FedAdam, FedAvg, FedAvgM
 from fedlightning.server.base import Aggregator
 from fedlightning.server.inco import InCo
+from fedlightning.server.statistics.base import flag
 
 PREFIX = "loop.backend.init_args."
 #: the SecAgg+ options and their defaults (Flower's, but for the shares: every node holds a share
@@ -26,15 +27,18 @@ DEFAULTS = {
     "quantization_range": 2**22,
     "modulus_range": 2**32,
 }
-#: aggregators that compute their update from the owner-aware weighted mean only, with the
-#: options they may have (exact classes: a subclass may read individual uploads)
+#: aggregators whose server update reads only the statistic's result, with the options they may
+#: have (exact classes: a subclass may read individual uploads); their statistic must be a plain
+#: weighted mean (its ``weighted_mean``), which SecAgg+'s sum gives
 ON_SUMS = {
-    FedAvg: {"weighting", "within_groups", "trim_beta"},
-    FedAvgM: {"weighting", "within_groups", "trim_beta", "server_lr", "server_momentum"},
-    FedAdam: {"weighting", "within_groups", "trim_beta", "server_lr", "beta1", "beta2", "tau"},
-}
-#: options of those aggregators that must keep their default (mean, no per-client clipping)
-PER_CLIENT = {"aggregation": "mean", "clip_norm": None}
+    FedAvg: {"weighting", "within_groups", "trim_beta", "statistic"},
+    FedAvgM: {"weighting", "within_groups", "trim_beta", "statistic", "server_lr",
+              "server_momentum"},
+    FedAdam: {"weighting", "within_groups", "trim_beta", "statistic", "server_lr", "beta1",
+              "beta2", "tau"},
+}  # fmt: skip
+#: FedAvg's shorthands for a statistic: what they make is checked as the statistic
+SHORTHANDS = ("aggregation", "clip_norm")
 #: why the other built-in aggregators cannot run on sums
 WHY_NOT = {
     "FedCross": "its cross-aggregation pairs each client's own upload with another's",
@@ -126,29 +130,31 @@ def check_modulus(options: dict[str, Any], nodes: int) -> None:
 
 def check_aggregator(aggregator: Aggregator) -> str:
     """Raise unless ``aggregator`` computes its update from the owner-aware weighted mean only
-    (FedAvg's mean, FedAvgM, FedAdam, and InCo around one of them); its ``weighting``."""
+    (FedAvg, FedAvgM, FedAdam over a statistic that is a plain weighted mean, and InCo around
+    one of them); its ``weighting``. The statistic is read, not the class: a robust rule or a
+    clipped mean, whichever class holds it, is refused."""
     if type(aggregator) is InCo:
         return check_aggregator(aggregator.inner)
     name = type(aggregator).__name__
-    if type(aggregator) not in ON_SUMS:
-        why = WHY_NOT.get(name) or (
-            "it is a Byzantine-robust rule over each client's upload (docs/algorithms.md section 8)"
-            if getattr(aggregator, "needs_individual_uploads", False)
-            else "it is not known to compute its update from the sum only"
+    statistic = getattr(aggregator, "statistic", None)
+    why = WHY_NOT.get(name)
+    if why is None and statistic is not None and not flag(statistic, "weighted_mean"):
+        option = getattr(statistic, "option", "loop.aggregator.init_args.statistic")
+        why = (
+            f"its statistic {type(statistic).__name__} ({option}) reads each client's upload, "
+            "not only their sum (a robust statistic or per-client clipping, docs/algorithms.md "
+            "sections 2.8 and 8)"
         )
+    if why is None and type(aggregator) not in ON_SUMS:
+        why = "it is not known to compute its update from the sum only"
+    if why is not None:
         raise ConfigurationError(
             f"{PREFIX}secure_aggregation=true delivers the server only the sum of the uploads, "
             f"and loop.aggregator {name} cannot run on it: {why}. Use FedAvg (mean), FedAvgM, "
             "FedAdam or InCo around one of them"
         )
     args = recorded_init_args(aggregator) or {}
-    for option, default in PER_CLIENT.items():
-        require(
-            args.get(option, default) == default, f"loop.aggregator.init_args.{option}",
-            args.get(option), f"{default!r} under secure aggregation (robust statistics and "
-            "per-client clipping need each client's upload; the server sees only their sum)",
-        )  # fmt: skip
-    unknown = sorted(set(args) - ON_SUMS[type(aggregator)] - set(PER_CLIENT))
+    unknown = sorted(set(args) - ON_SUMS[type(aggregator)] - set(SHORTHANDS))
     if unknown:
         raise ConfigurationError(
             f"loop.aggregator.init_args.{unknown[0]} of {name} is not known to run on the sum "

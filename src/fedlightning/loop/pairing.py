@@ -26,10 +26,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedlightning.errors import ConfigurationError
+from fedlightning.server.base import Aggregator
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
-    from fedlightning.server.base import Aggregator
 
 
 def answers_to(obj: object) -> frozenset[str]:
@@ -43,7 +43,7 @@ def chain(aggregator: Aggregator) -> list[Aggregator]:
     """``aggregator`` and every aggregator it holds (a wrapper's inner), outermost first."""
     members = [aggregator]
     for member in members:
-        members += list(member.children().values())
+        members += [c for c in member.children().values() if isinstance(c, Aggregator)]
     return members
 
 

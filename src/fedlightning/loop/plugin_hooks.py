@@ -31,17 +31,22 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.server_state import ServerState
+from fedlightning.server.statistics import Statistic
 from fedlightning.server.wrapping import WrappingAggregator
 
 #: the framework's base classes: their public names are the hooks a plug-in overrides
-BASES = (ClientModule, FedAvg, WrappingAggregator, Aggregator, ServerState, UploadAttack, Attack,
-         Backend)  # fmt: skip
+BASES = (ClientModule, FedAvg, WrappingAggregator, Aggregator, Statistic, ServerState, UploadAttack,
+         Attack, Backend)  # fmt: skip
 _EVALUATION = "evaluate_clients (the loop scores every deployable model itself)"
 #: per base class: names its plug-ins used to define that the framework no longer calls or reads
 REMOVED: dict[type, dict[str, str]] = {
     Aggregator: {
         "server_step": "server_update(server_round)",
-        "combine": "average(uploads)",
+        "combine": "a statistic (an object with combine(uploads, weights, context)) passed as "
+        "FedAvg(statistic=...)",
+        "average": "a statistic (an object with combine(uploads, weights, context)) passed as "
+        "FedAvg(statistic=...); server_update for what follows the combination",
+        "private_round": "a statistic: FedAvg(statistic=NoisedMean(...))",
         "aggregate_fit": "aggregate(round_index, uploads), or server_update for a server optimizer",
         "configure_fit": "configure_round(round_index, client_ids)",
         "heterogeneous": "on_setup (every aggregator gets client_keys: refuse there what it "

@@ -1,5 +1,6 @@
 """Differential privacy (docs/algorithms.md section 7): client-level DP on the server
-(:class:`ClientLevelDP`: DP-FedAvg with fixed or adaptive clipping, wrapping FedAvg, FedAvgM or
+(:class:`NoisedMean`: DP-FedAvg's release with fixed or adaptive clipping, a statistic any
+FedAvg-based aggregator takes; :class:`ClientLevelDP`, its preset around FedAvg, FedAvgM or
 FedAdam) and sample-level DP-SGD in every client fit (:class:`DPSGD`, the loop's ``dp_sgd``
 option), accounted by Opacus's accountants (:class:`PrivacyAccountant`). Needs the extra:
 ``pip install 'fedlightning[privacy]'``; without it each feature refuses with one line."""
@@ -7,5 +8,6 @@ option), accounted by Opacus's accountants (:class:`PrivacyAccountant`). Needs t
 from fedlightning.privacy.accountant import PrivacyAccountant, calibrate_noise
 from fedlightning.privacy.client_dp import ClientLevelDP
 from fedlightning.privacy.dp_sgd import DPSGD
+from fedlightning.privacy.dp_statistic import NoisedMean
 
-__all__ = ["ClientLevelDP", "DPSGD", "PrivacyAccountant", "calibrate_noise"]
+__all__ = ["ClientLevelDP", "DPSGD", "NoisedMean", "PrivacyAccountant", "calibrate_noise"]

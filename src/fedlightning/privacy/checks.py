@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from fedlightning.privacy.client_dp import ClientLevelDP
 from fedlightning.privacy.dp_sgd import check_dp_sgd
+from fedlightning.privacy.dp_statistic import private_release
 from fedlightning.protocol import FitConfig
 from fedlightning.server.base import Aggregator
 
@@ -21,11 +21,14 @@ def check_privacy(
     rounds: int,
     min_clients: int,
 ) -> None:
-    """A :class:`ClientLevelDP` aggregator takes the run's client sampling (Poisson, rate
+    """An aggregator over the DP release (:class:`~fedlightning.privacy.ClientLevelDP`, or any
+    with a :class:`~fedlightning.privacy.NoisedMean` statistic) takes the run's client sampling
+    (Poisson, rate
     ``sampling_rate``, ``rounds``; ``target_epsilon`` is calibrated here); DP-SGD clients
     (``config.dp_sgd``) are checked by :func:`~fedlightning.privacy.dp_sgd.check_dp_sgd`.
     A ConfigurationError names the option."""
-    if isinstance(aggregator, ClientLevelDP):
-        aggregator.plan(client_sampling, sampling_rate, rounds, min_clients)
+    release = private_release(aggregator)
+    if release is not None:
+        release.plan(client_sampling, sampling_rate, rounds, min_clients)
     if config.dp_sgd is not None:
         check_dp_sgd(model, config, trainer_reason)

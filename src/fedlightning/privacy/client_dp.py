@@ -1,99 +1,55 @@
-"""Client-level differential privacy on the server: DP-FedAvg (McMahan, Ramage, Talwar and Zhang,
-"Learning Differentially Private Recurrent Language Models", ICLR 2018, arXiv:1710.06963) with
-fixed or adaptive clipping (Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private
-Learning with Adaptive Clipping", NeurIPS 2021, arXiv:1905.03871). docs/algorithms.md section 7.1.
+"""Client-level differential privacy on the server, the preset: DP-FedAvg (McMahan, Ramage,
+Talwar and Zhang, "Learning Differentially Private Recurrent Language Models", ICLR 2018,
+arXiv:1710.06963) with fixed or adaptive clipping (Andrew, Thakkar, McMahan and Ramaswamy,
+"Differentially Private Learning with Adaptive Clipping", NeurIPS 2021, arXiv:1905.03871).
+docs/algorithms.md section 7.1.
 
-:class:`ClientLevelDP` wraps an aggregator built on the owner-aware mean and replaces that mean by
-its differentially private release (the ``private_round`` hook of
-:class:`~fedlightning.server.fedavg.FedAvg`); the inner aggregator's server update (a server
-optimizer) then runs on the noised mean, which is post-processing.
+The release is a statistic, :class:`~fedlightning.privacy.dp_statistic.NoisedMean`;
+:class:`ClientLevelDP` builds the inner aggregator's class with its options over that statistic
+(``FedAvgM(..., statistic=NoisedMean(...))``), so the inner's server update (a server optimizer)
+runs on the noised mean, which is post-processing.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
-import torch
-
-from fedlightning.errors import ConfigurationError, require
-from fedlightning.privacy.accountant import MECHANISMS, PrivacyAccountant, calibrate_noise
-from fedlightning.privacy.client_dp_inner import Withheld, inner_refusal
-from fedlightning.privacy.client_dp_maths import (
-    adaptive_clip_norm,
-    clipped_sum,
-    noised_mean,
-    update_noise_multiplier,
-)
+from fedlightning.errors import ConfigurationError
+from fedlightning.privacy.accountant import PrivacyAccountant
+from fedlightning.privacy.client_dp_inner import inner_refusal
+from fedlightning.privacy.dp_statistic import NoisedMean
 from fedlightning.privacy.opacus_extra import require_opacus
 from fedlightning.protocol import StateDict, Upload
-from fedlightning.seeding import derive_seed
+from fedlightning.recorded_args import recorded_init_args
 from fedlightning.server import FedAvg
 from fedlightning.server.base import Aggregator
-from fedlightning.server.functional import owner_counts
-from fedlightning.server.round import ServerRound
-from fedlightning.server.summation import wide_dtype
 from fedlightning.server.wrapping import WrappingAggregator
 
 OPTION = "loop.aggregator.init_args."
 
 
 class ClientLevelDP(WrappingAggregator):
-    """Client-level DP for an aggregator built on the owner-aware mean (docs/algorithms.md 7.1).
+    """Client-level DP for an aggregator built on the owner-aware mean (docs/algorithms.md 7.1):
+    the inner aggregator (its class and options) with the DP release
+    :class:`~fedlightning.privacy.dp_statistic.NoisedMean` as its statistic; the release's
+    options are this preset's. A preset: ``ClientLevelDP(inner=FedAvgM(weighting="uniform"),
+    noise_multiplier=1.0)`` is ``FedAvgM(weighting="uniform",
+    statistic=NoisedMean(noise_multiplier=1.0))``, declared state included (under ``inner``).
 
-    Round t, with server model ``w``, the uploads ``w_i`` of the Poisson-sampled clients and
-    ``u_i = w_i - w`` (parameters and float buffers, over the keys client i owns)::
-
-        S     = sum_i u_i min(1, C_t / ||u_i||)                  (each update clipped to C_t)
-        mean  = w + (S + N(0, (z_D C_t)^2 I)) / (q N_p)          (per key p, every floating key)
-
-    ``q`` is the run's client sampling rate and ``N_p`` the number of clients owning key p (N for
-    homogeneous clients): ``q N_p`` is the expected number of sampled owners, a fixed denominator
-    (McMahan et al.'s estimator; dividing by the number actually sampled would leak it). The
-    inner aggregator's server update (FedAvgM's momentum, FedAdam's step) runs on this mean;
-    it sees no upload (``server_round.uploads`` and ``.owners`` raise). Integer buffers keep the
-    server's value; ``running_var`` is clamped at 0.
-
-    Fixed clipping: ``C_t = clip_norm`` and ``z_D = z``. Adaptive clipping (Andrew et al.,
-    Algorithm 1): ``b~ = (sum_i ([||u_i|| <= C_t] - 1/2) + N(0, sigma_b^2)) / m + 1/2`` with
-    ``m = q N``, ``C_{t+1} = C_t exp(-clip_learning_rate (b~ - target_quantile))``, starting at
-    ``clip_norm``; the update noise is ``z_D = (z^-2 - (2 sigma_b)^-2)^(-1/2)`` so that the two
-    releases together are one Gaussian mechanism with noise multiplier ``z`` (Theorem 1).
-
-    Privacy: every round is one Poisson-subsampled Gaussian mechanism with noise multiplier ``z``
-    and rate ``q`` (sensitivity ``C_t`` of the sum over all keys, add/remove one client), composed
-    by Opacus's accountant; the loop reports ``dp_epsilon`` at ``delta`` after every evaluated
-    round and in the run's summary. The loop must sample clients by Poisson sampling
-    (``loop.client_sampling: poisson``) and releases every round, also one where no client was
-    sampled or none succeeded (``releases_every_round``). The noise is drawn on the server device
-    from ``(seed, round)``: runs and resumes are reproducible, so the seed must stay secret in a
-    deployment.
-
-    ``target_epsilon`` (instead of ``noise_multiplier``) calibrates ``z`` once, before the first
-    round, so that ``loop.rounds`` rounds spend at most ``target_epsilon`` at ``delta``
-    (Opacus's ``get_noise_multiplier`` with the run's q); a resume must keep ``loop.rounds``.
+    The loop must sample clients by Poisson sampling (``loop.client_sampling: poisson``) and
+    releases every round; the loop reports ``dp_epsilon`` at ``delta`` after every evaluated
+    round and in the run's summary (:meth:`summary_line`).
 
     Args:
         inner: the aggregator whose mean is privatised: FedAvg (default
-            ``FedAvg(weighting="uniform")``), FedAvgM, FedAdam, with ``weighting: uniform``,
-            ``aggregation: mean``, ``clip_norm: null``; ``within_groups`` allowed. FedNova,
-            Scaffold, FedCross, InCo and the robust statistics are refused.
-        noise_multiplier: z > 0 (null: calibrated from ``target_epsilon``).
-        target_epsilon: the epsilon to spend over ``loop.rounds`` rounds (null: ``z`` given).
-        delta: delta in (0, 1), e.g. below 1 / num_clients.
-        clip_norm: C > 0, the L2 norm each client's update is clipped to (adaptive: its start).
-        adaptive_clipping: move C towards the ``target_quantile`` of the update norms.
-        target_quantile: gamma in (0, 1), the fraction of updates left unclipped.
-        clip_learning_rate: eta_C > 0 of the geometric update.
-        count_noise_std: sigma_b > z / 2, the std of the clipped count's noise (null: m / 20, the
-            paper's choice).
-        accountant: ``rdp`` or ``prv`` (Opacus's RDPAccountant or PRVAccountant).
+            ``FedAvg(weighting="uniform")``), FedAvgM, FedAdam, with ``weighting: uniform`` and
+            the plain mean (``aggregation: mean``, ``clip_norm: null``); ``within_groups``
+            allowed. FedNova, Scaffold, FedCross, InCo and the robust statistics are refused.
+        noise_multiplier, target_epsilon, delta, clip_norm, adaptive_clipping, target_quantile,
+            clip_learning_rate, count_noise_std, accountant: the release's
+            (:class:`~fedlightning.privacy.dp_statistic.NoisedMean`).
     """
-
-    releases_every_round = True
-    #: what the last release used, for :meth:`round_metrics` only
-    transient_attributes = frozenset({"last_round"})
 
     def __init__(
         self,
@@ -116,169 +72,54 @@ class ClientLevelDP(WrappingAggregator):
                 f"{OPTION}inner={type(inner).__name__!r} cannot run under client-level DP: "
                 f"{refusal}"
             )
-        if (noise_multiplier is None) == (target_epsilon is None):
-            raise ConfigurationError(
-                f"{OPTION}noise_multiplier={noise_multiplier!r} and target_epsilon="
-                f"{target_epsilon!r}: set exactly one of them (z, or the epsilon to calibrate "
-                "z for)"
-            )
-        positive = "a finite number > 0"
-        if noise_multiplier is not None:
-            require(_positive(noise_multiplier), OPTION + "noise_multiplier", noise_multiplier,
-                    f"{positive} (0 adds no noise: no privacy)")  # fmt: skip
-        if target_epsilon is not None:
-            require(_positive(target_epsilon), OPTION + "target_epsilon", target_epsilon, positive)
-        require(0 < delta < 1, OPTION + "delta", delta, "a number in (0, 1)")
-        require(_positive(clip_norm), OPTION + "clip_norm", clip_norm, positive)
-        require(0 < target_quantile < 1, OPTION + "target_quantile", target_quantile,
-                "a number in (0, 1)")  # fmt: skip
-        require(_positive(clip_learning_rate), OPTION + "clip_learning_rate", clip_learning_rate,
-                positive)  # fmt: skip
-        require(count_noise_std is None or _positive(count_noise_std),
-                OPTION + "count_noise_std", count_noise_std, f"null or {positive}")  # fmt: skip
-        require(accountant in MECHANISMS, OPTION + "accountant", accountant, "'rdp' or 'prv'")
-        self.inner: FedAvg = inner  # type: ignore[assignment]
-        self.target_epsilon, self.delta, self.clip_norm = target_epsilon, delta, clip_norm
-        self.noise_multiplier = noise_multiplier
-        self.adaptive_clipping, self.target_quantile = adaptive_clipping, target_quantile
-        self.clip_learning_rate, self.count_noise_std = clip_learning_rate, count_noise_std
-        self.mechanism = accountant
-        self.sampling_rate: float | None = None  # set by plan()
-        self.rounds = 0
-        # declared state (docs/algorithms.md section 2.6): the privacy spent, [z, q, rounds] as
-        # Opacus' accountants keep it, stays spent when the loop undoes a round; C_t of the next
-        # round
-        self.add_state("privacy_spent", [], rollback=False)
-        self.add_state("current_clip", float(clip_norm))
-        self.last_round: dict[str, float] = {}  # what the last release used, for round_metrics
-        self.denominators: dict[str, float] = {}
-        self.update_noise = 0.0  # z_D
+        release = NoisedMean(
+            noise_multiplier, target_epsilon, delta, clip_norm, adaptive_clipping,
+            target_quantile, clip_learning_rate, count_noise_std, accountant,
+        )  # fmt: skip
+        self.inner: FedAvg = _over(inner, release)  # type: ignore[arg-type]
 
-    # -- the run's plan ---------------------------------------------------------------------------
+    @property
+    def statistic(self) -> NoisedMean:
+        """The release (the inner aggregator's statistic)."""
+        return self.inner.statistic  # type: ignore[return-value]
+
     def plan(
         self, client_sampling: str, sampling_rate: float, rounds: int, min_clients: int
     ) -> None:
-        """Take the run's client sampling (start-up, before :meth:`setup`): it must be Poisson
-        sampling at rate ``q``, every round aggregates (``min_clients`` 1), and ``target_epsilon``
-        calibrates ``z`` for ``rounds`` rounds at that rate."""
-        require(
-            client_sampling == "poisson", "loop.client_sampling", client_sampling,
-            "'poisson' under ClientLevelDP: its accountant (the Poisson-subsampled Gaussian "
-            "mechanism) assumes each client joins a round independently with probability q, "
-            "which a fixed number of clients per round does not",
-        )  # fmt: skip
-        require(
-            min_clients == 1, "loop.min_clients", min_clients,
-            "1 under ClientLevelDP: every round releases the noised sum, also one where fewer "
-            "clients succeeded (skipping it would reveal how many were sampled)",
-        )  # fmt: skip
-        require(0 < sampling_rate <= 1, "loop.clients_per_round", sampling_rate, "a rate in (0, 1]")
-        self.sampling_rate, self.rounds = float(sampling_rate), rounds
-        if self.target_epsilon is not None:
-            self.noise_multiplier = calibrate_noise(
-                self.target_epsilon, self.delta, self.sampling_rate, rounds, self.mechanism
-            )
-
-    @property
-    def expected_clients(self) -> float:
-        """m = q N, the expected number of clients per round."""
-        return (self.sampling_rate or 0.0) * self.num_clients
+        """The release's :meth:`~fedlightning.privacy.dp_statistic.NoisedMean.plan`."""
+        self.statistic.plan(client_sampling, sampling_rate, rounds, min_clients)
 
     def on_setup(self, initial: StateDict) -> None:
-        if self.sampling_rate is None:
-            raise ConfigurationError(
-                "ClientLevelDP needs the run's client sampling rate before setup: run it in a "
-                "FederatedLoop with loop.client_sampling: poisson (or call plan() first)"
-            )
-        inner = self.inner
-        inner.setup(
+        self.inner.setup(
             initial, self.num_clients, self.seed, self.client_keys, parameters=self.parameters
-        )
-        key_sets = None if inner.client_keys is None else [ck.keys for ck in inner.client_keys]
-        floating = [k for k, v in inner.weights.items() if v.is_floating_point()]
-        owners = owner_counts(floating, key_sets, inner.num_clients)
-        self.denominators = {k: self.sampling_rate * owners[k] for k in floating}
-        z = float(self.noise_multiplier)  # type: ignore[arg-type]
-        self.update_noise = z
-        if self.adaptive_clipping:
-            sigma_b = self.count_noise_std or self.expected_clients / 20
-            require(
-                2 * sigma_b > z, OPTION + "count_noise_std", sigma_b,
-                f"more than noise_multiplier / 2 = {z / 2:.4g} (Andrew et al., Theorem 1; the "
-                "default is the expected clients per round / 20)",
-            )  # fmt: skip
-            self.update_noise = update_noise_multiplier(z, sigma_b)
-        inner.private_round = self.release
-
-    # -- one round --------------------------------------------------------------------------------
-    def release(self, round_index: int, uploads: Sequence[Upload]) -> ServerRound:
-        """The round's differentially private mean (class docstring), as the round the inner
-        aggregator's server update sees; uploads are in the inner's key space."""
-        inner, clip = self.inner, self.current_clip
-        device = next(iter(inner.weights.values())).device
-        generator = torch.Generator(device=device)
-        generator.manual_seed(derive_seed(self.seed, "client-dp", round_index))
-        total, unclipped = clipped_sum(inner.weights, [u.weights for u in uploads], clip)
-        self.last_round = {"dp_clip_norm": clip}
-        if self.adaptive_clipping:
-            sigma_b = self.count_noise_std or self.expected_clients / 20
-            count_noise = torch.randn((), generator=generator, device=device,
-                                      dtype=wide_dtype(device)) * sigma_b  # fmt: skip
-            self.current_clip, fraction = adaptive_clip_norm(
-                clip, float(unclipped), len(uploads), float(count_noise), self.expected_clients,
-                self.target_quantile, self.clip_learning_rate,
-            )  # fmt: skip
-            self.last_round["dp_unclipped_fraction"] = fraction
-        mean = noised_mean(
-            inner.weights, total, self.update_noise * clip, self.denominators, generator
-        )
-        accountant = self.accountant
-        accountant.step(float(self.noise_multiplier or 0.0), float(self.sampling_rate or 0.0))
-        self.privacy_spent = accountant.history
-        withheld: Any = Withheld(type(inner).__name__)
-        return ServerRound(round_index, mean, withheld, withheld, inner.parameters)
-
-    @property
-    def accountant(self) -> PrivacyAccountant:
-        """The composition of the rounds released so far (from ``privacy_spent``)."""
-        return PrivacyAccountant(self.mechanism, self.privacy_spent)
-
-    def epsilon(self) -> float:
-        """The epsilon spent so far at ``delta``."""
-        return self.accountant.epsilon(self.delta)
-
-    def round_metrics(self) -> dict[str, float]:
-        return {
-            **self.inner.round_metrics(), "dp_epsilon": self.epsilon(), "dp_delta": self.delta,
-            "dp_noise_multiplier": float(self.noise_multiplier or 0.0), **self.last_round,
-        }  # fmt: skip
-
-    def summary_line(self) -> str:
-        """The run's client-level privacy in one line (the run summary's)."""
-        return (
-            f"privacy: client-level (epsilon={self.epsilon():.4g}, delta={self.delta:g}) after "
-            f"{self.accountant.steps} round(s): Poisson q={self.sampling_rate:.4g}, noise "
-            f"multiplier {self.noise_multiplier:.4g}, {self.mechanism} accountant (Opacus)"
         )
 
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
-        self.inner.aggregate(round_index, uploads)  # the private mean: release()
+        self.inner.aggregate(round_index, uploads)
 
-    # -- state -----------------------------------------------------------------------------------
-    def on_load_state(self, state: dict[str, Any]) -> None:
-        """Refuse a checkpoint whose rounds used another noise multiplier than this run's (with
-        ``target_epsilon``, z is calibrated for ``loop.rounds``). The privacy it spent is never
-        undone: it is declared ``rollback=False``."""
-        used = {float(z) for z, _, _ in state["privacy_spent"]}
-        stored = next(iter(used - {self.noise_multiplier}), None)
-        if stored is not None:
-            raise ConfigurationError(
-                f"the checkpoint's ClientLevelDP rounds used noise multiplier {stored:.6g}, this "
-                f"run's is {self.noise_multiplier:.6g} (target_epsilon={self.target_epsilon} "
-                f"calibrates it for loop.rounds={self.rounds}): resume with the loop.rounds the "
-                "checkpoint's run was planned for, or start a new run"
-            )
+    def round_metrics(self) -> dict[str, float]:
+        return self.inner.round_metrics()
+
+    @property
+    def accountant(self) -> PrivacyAccountant:
+        """The composition of the rounds released so far."""
+        return self.statistic.accountant
+
+    def epsilon(self) -> float:
+        """The epsilon spent so far at ``delta``."""
+        return self.statistic.epsilon()
+
+    def summary_line(self) -> str:
+        """The run's client-level privacy in one line (the run summary's)."""
+        return self.statistic.summary_line()
 
 
-def _positive(value: float) -> bool:
-    return value > 0 and math.isfinite(value)
+def _over(inner: FedAvg, release: NoisedMean) -> FedAvg:
+    """A new aggregator of ``inner``'s class and constructor arguments, over ``release``."""
+    args = recorded_init_args(inner)
+    if args is None or any(k.startswith("*") for k in args) or "statistic" not in args:
+        raise ConfigurationError(
+            f"{OPTION}inner={type(inner).__name__!r} takes no statistic argument: give its "
+            "__init__ a 'statistic' parameter passed to FedAvg (or **kwargs)"
+        )
+    return type(inner)(**{**args, "statistic": release})

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fedlightning.privacy.client_dp import ClientLevelDP
 from fedlightning.privacy.dp_sgd import EPSILON_METRIC
+from fedlightning.privacy.dp_statistic import private_release
 from fedlightning.protocol import FitResult
 from fedlightning.server.base import Aggregator
 
@@ -46,7 +46,8 @@ class PrivacyReport:
 
     def lines(self, aggregator: Aggregator, num_clients: int) -> list[str]:
         """The run summary's privacy lines (none for a run without differential privacy)."""
-        lines = [aggregator.summary_line()] if isinstance(aggregator, ClientLevelDP) else []
+        release = private_release(aggregator)
+        lines = [release.summary_line()] if release is not None else []
         if self.delta is not None:
             row = self.metrics(num_clients)
             most, mean = row["dp_sgd_epsilon_max"], row["dp_sgd_epsilon_mean"]

@@ -21,19 +21,21 @@ own it (:func:`~fedlightning.server.functional.owner_combine`). An aggregator th
 clients with different key sets refuses them in :meth:`Aggregator.setup` with a
 :class:`~fedlightning.errors.ConfigurationError`.
 
-**One extension hook.** :class:`~fedlightning.server.fedavg.FedAvg` and every subclass aggregate
-by one template (docs/algorithms.md section 2.6)::
+**A statistic and one extension hook.** :class:`~fedlightning.server.fedavg.FedAvg` and every
+subclass aggregate by one template (docs/algorithms.md sections 2.6 and 2.8)::
 
-    mean   = self.average(uploads)                # owner-aware mean (or robust statistic) of the
-                                                  # keys the uploads own
+    mean   = self.statistic.combine(states, weights, context)  # the injected statistic: the
+                                                               # owner-aware mean, a robust rule,
+                                                               # the DP release, any object
     update = self.server_update(ServerRound(round_index, mean, owners, uploads, parameters))
     # new state: update's values for the parameter keys it returns, the mean for every other
     # owned key (buffers), unowned keys unchanged
 
 ``server_update(server_round) -> StateDict`` (:class:`~fedlightning.server.round.ServerRound`) is
-the hook for "mean of uploads -> new state" (FedAvg returns ``{}``; FedAvgM and FedAdam apply a
-server optimizer, SCAFFOLD updates ``c``, FedNova takes its normalised step).
-``self.weights`` is the server model.
+the hook for "combination of uploads -> new state" (FedAvg returns ``{}``; FedAvgM and FedAdam
+apply a server optimizer, SCAFFOLD updates ``c``, FedNova takes its normalised step); the
+statistic (:mod:`fedlightning.server.statistics`) is an object the aggregator is given, so the
+two compose. ``self.weights`` is the server model.
 
 **Declared state.** An aggregator declares each value it keeps across rounds once, in
 ``__init__``: ``self.add_state("momentum", "parameters")``, ``self.add_state("t", 0)``

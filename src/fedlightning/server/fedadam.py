@@ -10,12 +10,14 @@ from fedlightning.errors import require
 from fedlightning.protocol import StateDict
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.round import ServerRound
+from fedlightning.server.statistics.base import StatisticLike
 from fedlightning.server.summation import wide
 
 
 class FedAdam(FedAvg):
-    """FedAvg with an Adam server step (docs/algorithms.md section 2.5): with ``mean`` the FedAvg
-    mean (owner-aware, see :class:`FedAvg`), ``Delta = mean - w``,
+    """FedAvg with an Adam server step (docs/algorithms.md section 2.5): with ``mean`` the round's
+    combination (the owner-aware mean by default, or the injected statistic; see
+    :class:`FedAvg`), ``Delta = mean - w``,
     ``m <- beta1 m + (1 - beta1) Delta``, ``v <- beta2 v + (1 - beta2) Delta^2`` and
     ``w <- w + server_lr m / (sqrt(v) + tau)``. ``m`` starts at 0 and ``v`` at ``tau^2`` (the
     paper's ``v_{-1} >= tau^2``).
@@ -29,7 +31,9 @@ class FedAdam(FedAvg):
         beta1: the first-moment decay, in [0, 1).
         beta2: the second-moment decay, in [0, 1).
         tau: the adaptivity (> 0).
-        weighting, aggregation, trim_beta, clip_norm, within_groups: as :class:`FedAvg`.
+        weighting, aggregation, trim_beta, clip_norm, within_groups, statistic: as
+            :class:`FedAvg` (the step runs on what the statistic combines: a robust or private
+            statistic composes with this optimizer).
     """
 
     def __init__(
@@ -43,8 +47,9 @@ class FedAdam(FedAvg):
         trim_beta: float = 0.1,
         clip_norm: float | None = None,
         within_groups: bool = False,
+        statistic: StatisticLike | None = None,
     ) -> None:
-        super().__init__(weighting, aggregation, trim_beta, clip_norm, within_groups)
+        super().__init__(weighting, aggregation, trim_beta, clip_norm, within_groups, statistic)
         option = "loop.aggregator.init_args."
         require(server_lr > 0, option + "server_lr", server_lr, "a number > 0")
         require(0 <= beta1 < 1, option + "beta1", beta1, "a number in [0, 1)")

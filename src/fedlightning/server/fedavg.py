@@ -6,20 +6,15 @@ HeteroAvg (Chan et al., ICLR 2024, arXiv:2308.11464). docs/algorithms.md section
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.server.base import Aggregator, ClientKeyList, ClientKeys, group_keys, restrict
-from fedlightning.server.breakdown import require_honest_majority, require_trimmed
-from fedlightning.server.functional import (
-    clip_update,
-    coordinate_median,
-    owner_average,
-    trimmed_mean,
-)
-from fedlightning.server.round import ServerRound, merge_update
+from fedlightning.server.round import ServerRound, Withheld, merge_update
+from fedlightning.server.statistics import Mean, Median, StatisticContext, TrimmedMean
+from fedlightning.server.statistics.base import Statistic, StatisticLike, flag, setup_statistic
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean")
 #: joins a group's name and a key in the server state of ``within_groups`` (model keys hold dots)
@@ -36,23 +31,30 @@ class FedAvg(Aggregator):
     ``w <- sum_{i in S} p_i w_i``. Integer buffers come from the first owner, BatchNorm
     ``running_var`` is clamped to >= 0. Each client receives the sub-state_dict of its own keys.
 
-    ``aggregate`` is the template of every server update on the mean (docs/algorithms.md section
-    2.6): ``mean = self.average(uploads)``, then the one hook :meth:`server_update` receives the
-    round (:class:`~fedlightning.server.round.ServerRound`: the mean, per-key owner counts, the
+    ``aggregate`` is the template of every server update (docs/algorithms.md sections 2.6 and
+    2.8): the injected **statistic** combines the uploads,
+    ``mean = statistic.combine(states, weights, context)`` (:mod:`fedlightning.server.statistics`:
+    the owner-aware mean by default, a robust rule, the DP noised mean, any object with that one
+    method), then the one hook :meth:`server_update` receives the round
+    (:class:`~fedlightning.server.round.ServerRound`: the combination, per-key owner counts, the
     uploads, which keys are parameters) and returns new values for parameter keys; buffers
-    (BatchNorm statistics, counters) take the mean unless a subclass sets ``updates_buffers``.
-    FedAvg's update is the mean itself. State kept across rounds is declared with
-    :meth:`~fedlightning.server.base.Aggregator.add_state` (FedAvg's: ``weights``).
+    (BatchNorm statistics, counters) take the combination unless a subclass sets
+    ``updates_buffers``. FedAvg's update is the combination itself. So a server optimizer
+    (FedAvgM, FedAdam) composes with any statistic with no new class. State kept across rounds is
+    declared with :meth:`~fedlightning.server.base.Aggregator.add_state` (FedAvg's: ``weights``;
+    the statistic's own under ``statistic``).
 
     Computed on the device of the server state and the uploads (the loop's server device): the
     mean accumulates in float64, or as a compensated float32 sum on a device without float64
     (docs/algorithms.md section 2.1, "Where and how exactly the server computes").
 
-    Robust options (homogeneous clients only): ``clip_norm`` first clips each client's update
-    ``u_i = w_i - w`` to ``||u_i|| <= clip_norm`` (one flat L2 norm over all floating entries);
-    ``aggregation`` then replaces the weighted mean by the coordinate-wise ``median`` or the
-    coordinate-wise ``trimmed_mean`` that drops the ``floor(trim_beta * K)`` largest and smallest
-    values (Yin et al., ICML 2018, arXiv:1803.01498). Both robust statistics are unweighted.
+    Robust options (shorthands for a statistic; homogeneous clients only, but the clipped mean):
+    ``clip_norm`` first clips each client's update ``u_i = w_i - w`` to ``||u_i|| <= clip_norm``
+    (one flat L2 norm over all floating entries); ``aggregation`` then replaces the weighted mean
+    by the coordinate-wise ``median`` or the coordinate-wise ``trimmed_mean`` that drops the
+    ``floor(trim_beta * K)`` largest and smallest values (Yin et al., ICML 2018,
+    arXiv:1803.01498): ``Median(clip_norm)``, ``TrimmedMean(trim_beta, clip_norm)``,
+    ``Mean(clip_norm)``. Both robust statistics are unweighted.
 
     ``within_groups`` (the InCo paper's baseline, Table 2: "FedAvg only aggregates gradients from
     the models sharing the same architectures"): each client group keeps its own model, averaged
@@ -67,15 +69,13 @@ class FedAvg(Aggregator):
         trim_beta: fraction trimmed at each end by ``trimmed_mean``, in [0, 0.5).
         clip_norm: if set (> 0), the largest L2 norm of a client update.
         within_groups: one model per client group, no sharing across groups.
+        statistic: what combines the uploads (null: from ``aggregation``, ``trim_beta`` and
+            ``clip_norm``; given, those keep their defaults).
     """
 
     #: whether :meth:`server_update`'s values for buffer keys (BatchNorm statistics, counters)
     #: are used; by default buffers always take the mean
     updates_buffers: bool = False
-    #: a differentially private release that replaces the owner-aware mean: ``(round, uploads) ->
-    #: ServerRound`` (set by :class:`fedlightning.privacy.ClientLevelDP` on the aggregator it
-    #: wraps; docs/algorithms.md section 7.1); ``None``: the mean of :meth:`average`
-    private_round: Callable[[int, Sequence[Upload]], ServerRound] | None = None
 
     def __init__(
         self,
@@ -84,6 +84,7 @@ class FedAvg(Aggregator):
         trim_beta: float = 0.1,
         clip_norm: float | None = None,
         within_groups: bool = False,
+        statistic: StatisticLike | None = None,
     ) -> None:
         if weighting not in ("samples", "uniform"):
             raise ConfigurationError(
@@ -102,6 +103,21 @@ class FedAvg(Aggregator):
         self.trim_beta = trim_beta
         self.clip_norm = clip_norm
         self.within_groups = within_groups
+        if statistic is not None and (aggregation != "mean" or clip_norm is not None):
+            raise ConfigurationError(
+                f"loop.aggregator.init_args.statistic is set, and so is aggregation="
+                f"{aggregation!r} / clip_norm={clip_norm!r}: give the statistic alone (they are "
+                "its shorthands)"
+            )
+        if statistic is not None and not callable(getattr(statistic, "combine", None)):
+            raise ConfigurationError(
+                f"loop.aggregator.init_args.statistic={type(statistic).__name__} has no method "
+                "combine(uploads, weights, context): a statistic needs one (docs/algorithms.md "
+                "section 2.8)"
+            )
+        self.statistic: StatisticLike = (
+            statistic if statistic is not None else _from_options(aggregation, trim_beta, clip_norm)
+        )
         self.weights: StateDict = {}  # the server model (see add_state)
         self.add_state("weights", "model")
 
@@ -124,25 +140,34 @@ class FedAvg(Aggregator):
         return initial, client_keys, parameters
 
     def on_setup(self, initial: StateDict) -> None:
-        if self.aggregation != "mean" and self.is_heterogeneous():
-            raise ConfigurationError(
-                f"loop.aggregator.init_args.aggregation={self.aggregation!r} needs clients that "
-                "own the same keys, but these client groups own different keys: use 'mean' (the "
-                "owner-aware mean)"
-            )
+        """Set the statistic up (its declared state; a statistic that is not ``owner_aware``
+        refuses clients owning different keys) and let it refuse this aggregator
+        (``check_aggregator``: the DP release refuses a server update that reads uploads)."""
+        setup_statistic(self.statistic, initial, self.parameters, self.num_clients, self.seed,
+                        self.client_keys, self.is_heterogeneous())  # fmt: skip
+        check = getattr(self.statistic, "check_aggregator", None)
+        if check is not None:
+            check(self)
 
     def check_byzantine(self, per_round: int, byzantine: int) -> None:
-        """The robust options' breakdown points (docs/algorithms.md section 8, "Breakdown
-        points"): the median and clipping need an honest majority, the trimmed mean
-        ``floor(trim_beta * n) >= f``; the plain mean checks nothing (the baseline)."""
-        if byzantine == 0:
-            return
-        if self.aggregation == "trimmed_mean":
-            require_trimmed("loop.aggregator.init_args.trim_beta", self.trim_beta, per_round,
-                            byzantine)  # fmt: skip
-        elif self.aggregation == "median" or self.clip_norm is not None:
-            rule = "the median" if self.aggregation == "median" else "norm clipping"
-            require_honest_majority(f"{type(self).__name__} ({rule})", per_round, byzantine)
+        """The statistic's breakdown point (docs/algorithms.md section 8, "Breakdown points"):
+        the median and clipping need an honest majority, the trimmed mean
+        ``floor(trim_beta * n) >= f``, Krum ``n > 2f + 2``; the plain mean checks nothing (the
+        baseline)."""
+        check = getattr(self.statistic, "check_byzantine", None)
+        if check is not None:
+            check(per_round, byzantine)
+
+    @property
+    def releases_every_round(self) -> bool:  # type: ignore[override]
+        """Whether every round must be aggregated, also one with no upload (the statistic's: the
+        DP release, docs/algorithms.md section 7.1)."""
+        return flag(self.statistic, "releases_every_round")
+
+    def round_metrics(self) -> dict[str, float]:
+        """The statistic's numbers of the last round (e.g. ``weiszfeld_iterations``)."""
+        metrics = getattr(self.statistic, "round_metrics", None)
+        return dict(metrics()) if metrics is not None else {}
 
     @property
     def grouped(self) -> bool:
@@ -162,17 +187,6 @@ class FedAvg(Aggregator):
         """q_i before normalisation: n_i or 1."""
         return [float(u.num_samples) if self.weighting == "samples" else 1.0 for u in uploads]
 
-    def average(self, uploads: Sequence[Upload]) -> StateDict:
-        """The keys the uploads own, combined under the configured clipping and statistic."""
-        states = [u.weights for u in uploads]
-        if self.clip_norm is not None:
-            states = [clip_update(s, self.weights, self.clip_norm) for s in states]
-        if self.aggregation == "median":
-            return coordinate_median(states)
-        if self.aggregation == "trimmed_mean":
-            return trimmed_mean(states, self.trim_beta)
-        return owner_average(self.weights, states, self.client_weights(uploads))
-
     def server_update(self, server_round: ServerRound) -> StateDict:
         """The extension hook: new values for parameter keys of ``server_round.mean``, computed
         from the round and the current (pre-round) ``self.weights``. Keys it leaves out take the
@@ -183,12 +197,14 @@ class FedAvg(Aggregator):
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
         if self.grouped:
             uploads = [self._group_upload(u) for u in uploads]
-        if self.private_round is not None:
-            server_round = self.private_round(round_index, uploads)
+        context = StatisticContext(round_index, self.seed, self.weights)
+        states = [u.weights for u in uploads]
+        mean = self.statistic.combine(states, self.client_weights(uploads), context)
+        if flag(self.statistic, "withholds_uploads"):
+            withheld = Withheld(type(self).__name__)
+            server_round = ServerRound(round_index, mean, withheld, withheld, self.parameters)  # type: ignore[arg-type]
         else:
-            server_round = ServerRound.of(
-                round_index, self.average(uploads), uploads, self.parameters
-            )
+            server_round = ServerRound.of(round_index, mean, uploads, self.parameters)
         update = self.server_update(server_round)
         new = merge_update(server_round, update, self.updates_buffers, type(self).__name__)
         self.weights = {**self.weights, **new}
@@ -223,6 +239,17 @@ class FedAvg(Aggregator):
                 for name, value in upload.extras.items()
             },
         )
+
+
+def _from_options(aggregation: str, trim_beta: float, clip_norm: float | None) -> Statistic:
+    """The statistic FedAvg's shorthand options name, named after them in messages."""
+    path = "loop.aggregator.init_args"
+    if aggregation == "median":
+        return Median(clip_norm).named(f"{path}.aggregation='median'", path)
+    if aggregation == "trimmed_mean":
+        return TrimmedMean(trim_beta, clip_norm).named(f"{path}.aggregation='trimmed_mean'", path)
+    option = f"{path}.clip_norm={clip_norm!r}" if clip_norm is not None else f"{path}.aggregation"
+    return Mean(clip_norm).named(option, path)
 
 
 # within_groups' key space: state_dict-valued extras (SCAFFOLD's c, delta_c) are keyed like the model

@@ -11,12 +11,14 @@ from fedlightning.errors import require
 from fedlightning.protocol import StateDict
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.round import ServerRound
+from fedlightning.server.statistics.base import StatisticLike
 from fedlightning.server.summation import wide
 
 
 class FedAvgM(FedAvg):
-    """FedAvg with server momentum (docs/algorithms.md section 2.5): with ``mean`` the FedAvg
-    mean (owner-aware, see :class:`FedAvg`), the pseudo-gradient ``d = w - mean``,
+    """FedAvg with server momentum (docs/algorithms.md section 2.5): with ``mean`` the round's
+    combination (the owner-aware mean by default, or the injected statistic; see
+    :class:`FedAvg`), the pseudo-gradient ``d = w - mean``,
     ``v <- beta v + d`` and ``w <- w - server_lr v`` (``v`` starts at zero). On a constant
     pseudo-gradient the step tends to ``server_lr / (1 - beta)`` times ``d``: 10x at the default
     ``beta = 0.9`` with ``server_lr = 1``.
@@ -30,7 +32,9 @@ class FedAvgM(FedAvg):
     Args:
         server_lr: the server learning rate (> 0).
         server_momentum: beta, in [0, 1).
-        weighting, aggregation, trim_beta, clip_norm, within_groups: as :class:`FedAvg`.
+        weighting, aggregation, trim_beta, clip_norm, within_groups, statistic: as
+            :class:`FedAvg` (the step runs on what the statistic combines: a robust or private
+            statistic composes with this optimizer).
     """
 
     def __init__(
@@ -42,8 +46,9 @@ class FedAvgM(FedAvg):
         trim_beta: float = 0.1,
         clip_norm: float | None = None,
         within_groups: bool = False,
+        statistic: StatisticLike | None = None,
     ) -> None:
-        super().__init__(weighting, aggregation, trim_beta, clip_norm, within_groups)
+        super().__init__(weighting, aggregation, trim_beta, clip_norm, within_groups, statistic)
         require(server_lr > 0, "loop.aggregator.init_args.server_lr", server_lr, "a number > 0")
         require(
             0 <= server_momentum < 1,

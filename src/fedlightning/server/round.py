@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
+from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import StateDict, Upload
 
 
@@ -90,3 +92,22 @@ def merge_update(
         if updates_buffers or key in server_round.parameters:
             out[key] = value
     return out
+
+
+class Withheld:
+    """What a server update may not read under a statistic that ``withholds_uploads`` (the DP
+    release, docs/algorithms.md section 7.1): ``server_round.uploads`` and ``.owners``; any access
+    raises a ConfigurationError naming the aggregator."""
+
+    def __init__(self, aggregator: str) -> None:
+        self.aggregator = aggregator
+
+    def _refuse(self, *_: Any) -> NoReturn:
+        raise ConfigurationError(
+            f"{self.aggregator}.server_update reads the round's individual uploads (or their "
+            "owner counts), which ClientLevelDP withholds: a DP round releases only the noised "
+            "mean (docs/algorithms.md section 7.1); use an aggregator whose server update reads "
+            "only server_round.mean"
+        )
+
+    __getitem__ = __iter__ = __len__ = __contains__ = get = keys = values = items = _refuse

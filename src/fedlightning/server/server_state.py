@@ -78,6 +78,11 @@ class ServerState:
         their state is part of this one's, as a submodule's is part of an ``nn.Module``'s."""
         return {k: v for k, v in vars(self).items() if isinstance(v, ServerState)}
 
+    def stateful_children(self) -> dict[str, ServerState]:
+        """The held objects with declared state of their own (at any depth): those a checkpoint
+        carries (a stateless one, such as FedAvg's mean statistic, adds no entry)."""
+        return {k: v for k, v in self.children().items() if v.declared_states()}
+
     def declared_states(self) -> dict[str, str]:
         """Every declared state's name (``inner.<name>`` for a held aggregator's) and how it
         starts: part of the run's identity."""
@@ -109,9 +114,10 @@ class ServerState:
         return {name: getattr(self, name) for name in self._declarations.specs}
 
     def state_dict(self) -> dict[str, Any]:
-        """All server state, for checkpoints: every declared state under its name, each held
-        aggregator's state under its attribute's name, and ``num_clients``."""
-        children = {name: child.state_dict() for name, child in self.children().items()}
+        """All server state, for checkpoints: every declared state under its name, the state of
+        each held aggregator or statistic that declares any under its attribute's name, and
+        ``num_clients``."""
+        children = {name: child.state_dict() for name, child in self.stateful_children().items()}
         return {**self._declared_values(), **children, "num_clients": self.num_clients}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -128,7 +134,7 @@ class ServerState:
         self.on_load_state(state)
         for name in self._declarations.specs:
             setattr(self, name, clone_value(state[name]))
-        for name, child in self.children().items():
+        for name, child in self.stateful_children().items():
             if name not in state:
                 raise ConfigurationError(
                     f"the checkpoint's {owner} state has no {name!r} (the state of {owner}.{name}, "

@@ -32,6 +32,10 @@ class WrappingAggregator(Aggregator):
     def weighting(self) -> str:
         return self.inner.weighting
 
+    @property
+    def releases_every_round(self) -> bool:  # type: ignore[override]
+        return self.inner.releases_every_round
+
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
         return self.inner.configure_round(round_index, client_ids)
 
