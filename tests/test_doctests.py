@@ -24,6 +24,7 @@ MODULES = [
     "fedlightning.cofed.voting",
     "fedlightning.cofed.participants",
     "fedlightning.privacy.client_dp_maths",
+    "fedlightning.attacks.maths",
     "fedlightning.loop.sampling",
 ]
 

@@ -3,7 +3,11 @@ docs/algorithms.md section 8.1, :mod:`fedlightning.attacks.base`)."""
 
 from fedlightning.attacks.alie import ALIE
 from fedlightning.attacks.base import Attack
+from fedlightning.attacks.ipm import InnerProductManipulation
 from fedlightning.attacks.labels import LabelFlip
 from fedlightning.attacks.upload import GaussianNoise, Scaling, SignFlip
 
-__all__ = ["ALIE", "Attack", "GaussianNoise", "LabelFlip", "Scaling", "SignFlip"]
+__all__ = [
+    "ALIE", "Attack", "GaussianNoise", "InnerProductManipulation", "LabelFlip", "Scaling",
+    "SignFlip",
+]  # fmt: skip

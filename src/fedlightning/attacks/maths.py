@@ -56,7 +56,7 @@ def gaussian_upload(
     return out
 
 
-def alie_z(num_uploads: int, num_malicious: int) -> float:
+def alie_z(num_uploads: int, num_malicious: int, variant: str = "all") -> float:
     """The z of "a little is enough" (Baruch, Baruch, Goldberg, NeurIPS 2019, arXiv:1902.06156,
     Algorithm 3): with ``s = floor(n/2 + 1) - m`` the honest "supporters" the attackers need for
     a majority, ``z = Phi^-1((n - s) / n)``, the largest deviation (in standard deviations) that
@@ -67,10 +67,22 @@ def alie_z(num_uploads: int, num_malicious: int) -> float:
     0.5828
     >>> alie_z(2, 1)  # s = 1: Phi^-1(1 / 2)
     0.0
+
+    ``variant="honest"`` is the reference code of Karimireddy, He and Jaggi (ICLR 2022,
+    arXiv:2006.09365) for the same s: ``z = Phi^-1((n - m - s) / (n - m))``, a quantile of the
+    ``n - m`` honest workers (0 where no honest worker is left beyond the supporters).
+
+    >>> round(alie_z(20, 4), 3), round(alie_z(20, 4, "honest"), 3)  # s = 7
+    (0.385, 0.157)
     """
     if not 1 <= num_malicious <= num_uploads:
         raise ValueError(f"ALIE needs 1 <= m <= n, got m={num_malicious}, n={num_uploads}")
     supporters = max(math.floor(num_uploads / 2 + 1) - num_malicious, 1)
+    if variant == "honest":
+        honest = num_uploads - num_malicious
+        if honest - supporters <= 0:
+            return 0.0
+        return NormalDist().inv_cdf((honest - supporters) / honest)
     return NormalDist().inv_cdf((num_uploads - supporters) / num_uploads)
 
 
@@ -90,6 +102,21 @@ def alie_update(updates: Sequence[StateDict], z: float) -> StateDict:
         stacked = torch.stack([wide(t) for t in owned])
         std = stacked.std(dim=0) if len(owned) > 1 else torch.zeros_like(stacked[0])
         out[key] = stacked.mean(dim=0) - z * std
+    return out
+
+
+def mean_update(updates: Sequence[StateDict]) -> StateDict:
+    """The per-coordinate mean of the floating entries of ``updates`` over those that own each
+    key (owner-aware), in the wide dtype; empty for no update.
+
+    >>> mean_update([{"w": torch.tensor([1.0])}, {"w": torch.tensor([3.0]), "v": torch.ones(1)}])
+    {'w': tensor([2.], dtype=torch.float64), 'v': tensor([1.], dtype=torch.float64)}
+    """
+    out: StateDict = {}
+    for key in dict.fromkeys(k for u in updates for k in u):
+        owned = [wide(u[key]) for u in updates if key in u]
+        if owned[0].is_floating_point():
+            out[key] = torch.stack(owned).mean(dim=0)
     return out
 
 
