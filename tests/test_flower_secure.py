@@ -272,7 +272,7 @@ def test_secagg_options_must_fit_the_number_of_supernodes():
         (
             "tiny.yaml",
             ["--loop.aggregator", "fedlightning.server.Krum"],
-            "Krum cannot run on it: it is a Byzantine-robust rule over each client's upload",
+            "Krum cannot run on it: its statistic Krum (loop.aggregator=Krum) reads each client",
         ),  # fmt: skip
     ],
     ids=["fedcross", "scaffold", "fednova", "median", "clip_norm", "krum"],
