@@ -73,7 +73,7 @@ def test_resume_continues_the_accountants_exactly(tmp_path):
         torch.load(tmp_path / d / "last.ckpt", weights_only=True) for d in ("straight", "resumed")
     )
     assert _equal(a["aggregator"], b["aggregator"]) and _equal(a["clients"], b["clients"])
-    assert a["aggregator"]["privacy_spent"] == [[1.2, 0.5, 4]]
+    assert a["aggregator"]["inner"]["statistic"]["privacy_spent"] == [[1.2, 0.5, 4]]
     for column in ("dp_epsilon", "dp_clip_norm", "dp_sgd_epsilon_max", "dp_sgd_epsilon_mean"):
         assert [r[column] for r in straight] == [r[column] for r in resumed]
     assert float(straight[-1]["dp_sgd_epsilon_max"]) > 0
@@ -122,9 +122,9 @@ BAD = [
     ([*DP, f"{AGG_ARGS}.accountant", "gdp"], r"accountant.*gdp"),
     ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.FedNova"], r"inner='FedNova' cannot run under client-level DP: FedNova cannot"),
     ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.Scaffold"], r"inner='Scaffold' cannot run under client-level DP"),
-    ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.FedCross"], r"inner='FedCross' cannot run under client-level DP: FedCross is not built on the owner-aware mean"),
+    ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.FedCross"], r"inner='FedCross' cannot run under client-level DP: FedCross is not built on FedAvg's statistic and server update"),
     ([*DP, f"{AGG_ARGS}.inner", "fedlightning.server.FedAvg"], r"weighting='samples' weights a client by n_i, which the clipping does not bound: use 'uniform'"),
-    ([*DP, f"{AGG_ARGS}.inner", "{class_path: fedlightning.server.FedAvg, init_args: {weighting: uniform, aggregation: median}}"], r"aggregation='median' is a robust statistic"),
+    ([*DP, f"{AGG_ARGS}.inner", "{class_path: fedlightning.server.FedAvg, init_args: {weighting: uniform, aggregation: median}}"], r"by Median \(loop.aggregator.init_args.aggregation='median'\), a statistic over the individual uploads"),
     ([*DP, "--loop.client_sampling", "fixed"], r"loop.client_sampling='fixed' is not allowed: expected 'poisson' under ClientLevelDP"),
     ([*DP, "--loop.min_clients", "2"], r"loop.min_clients=2 is not allowed: expected 1 under ClientLevelDP"),
     (["--loop.client_sampling", "poisson", AGG, "fedlightning.server.FedCross"], r"loop.client_sampling='poisson' draws a varying number of clients a round, but FedCross needs exactly"),
