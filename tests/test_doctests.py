@@ -12,6 +12,7 @@ import pytest
 MODULES = [
     "fedlightning.server.functional",
     "fedlightning.clients.sgd_steps",
+    "fedlightning.clients.worker_momentum",
     "fedlightning.data.partition",
     "fedlightning.data.ragged",
     "fedlightning.data.val_split",

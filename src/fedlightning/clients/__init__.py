@@ -7,5 +7,14 @@ from fedlightning.clients.fedprox import FedProx
 from fedlightning.clients.moon import MOON
 from fedlightning.clients.mutual import FML
 from fedlightning.clients.scaffold import ScaffoldClient
+from fedlightning.clients.worker_momentum import WorkerMomentum
 
-__all__ = ["ClientModule", "FML", "FedNovaClient", "FedProx", "MOON", "ScaffoldClient"]
+__all__ = [
+    "ClientModule",
+    "FML",
+    "FedNovaClient",
+    "FedProx",
+    "MOON",
+    "ScaffoldClient",
+    "WorkerMomentum",
+]
