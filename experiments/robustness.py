@@ -43,9 +43,17 @@ from lightning.fabric.utilities.seed import seed_everything
 from tables import mean_std
 
 from fedlightning import FederatedDataModule, FederatedLoop
-from fedlightning.attacks import ALIE, Attack, GaussianNoise, LabelFlip, Scaling, SignFlip
+from fedlightning.attacks import (
+    ALIE,
+    Attack,
+    GaussianNoise,
+    InnerProductManipulation,
+    LabelFlip,
+    Scaling,
+    SignFlip,
+)
 from fedlightning.backends import SequentialBackend
-from fedlightning.clients import ClientModule
+from fedlightning.clients import ClientModule, WorkerMomentum
 from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.server import (
     Aggregator,
@@ -64,21 +72,44 @@ ATTACKS: dict[str, tuple[str, Callable[[float], Attack]]] = {
     "scaling": ("scaling (gamma = 10)", lambda f: Scaling(fraction=f)),
     "gaussian": ("Gaussian noise (sigma = 1)", lambda f: GaussianNoise(fraction=f)),
     "alie": ("a little is enough", lambda f: ALIE(fraction=f)),
+    "alie_honest": (
+        "a little is enough, honest variant",
+        lambda f: ALIE(fraction=f, variant="honest"),
+    ),
+    "ipm": ("inner-product manipulation (epsilon = 0.1)", lambda f: InnerProductManipulation(f)),
 }
 #: aggregator name -> (label, factory of the aggregator for a malicious fraction)
-AGGREGATORS: dict[str, tuple[str, Callable[[float], Aggregator]]] = {
-    "fedavg": ("FedAvg", lambda f: FedAvg()),
-    "median": ("median", lambda f: FedAvg(aggregation="median")),
+AGGREGATORS: dict[str, tuple[str, Callable[[float, argparse.Namespace], Aggregator]]] = {
+    "fedavg": ("FedAvg", lambda f, a: FedAvg()),
+    "median": ("median", lambda f, a: FedAvg(aggregation="median")),
     "trimmed_mean": (
         "trimmed mean",
-        lambda f: FedAvg(aggregation="trimmed_mean", trim_beta=max(0.1, f)),
+        lambda f, a: FedAvg(aggregation="trimmed_mean", trim_beta=max(0.1, f)),
     ),
-    "krum": ("Krum", lambda f: Krum()),
-    "multi_krum": ("Multi-Krum", lambda f: MultiKrum()),
-    "geomed": ("geometric median", lambda f: GeometricMedian()),
-    "centered_clip": ("centered clipping", lambda f: CenteredClipping(radius=0.25)),
-    "norm_bound": ("norm bounding", lambda f: NormBound(max_norm=0.5)),
+    "krum": ("Krum", lambda f, a: Krum()),
+    "multi_krum": ("Multi-Krum", lambda f, a: MultiKrum()),
+    "geomed": ("geometric median", lambda f, a: GeometricMedian()),
+    "centered_clip": ("centered clipping", lambda f, a: CenteredClipping(radius=a.radius)),
+    "norm_bound": ("norm bounding", lambda f, a: NormBound(max_norm=2 * a.radius)),
+    "cc_momentum": (
+        "centered clipping + worker momentum",
+        lambda f, a: CenteredClipping(radius=a.radius),
+    ),
 }
+#: the rules whose clients upload their momentum (WorkerMomentum, beta 0.9: the paper's method)
+WORKER_MOMENTUM = {"cc_momentum"}
+#: the settings: options that replace the parser's defaults (an option given still wins), and
+#: the rounds a table of that setting runs (fewer make a smoke test, and the output says so)
+SETTINGS: dict[str, dict[str, object]] = {
+    "epochs": {"rounds": 10},
+    "many_aggregations": {
+        "rounds": 200, "local_steps": 1, "client_momentum": 0.0, "dataset": "digits",
+        "hidden": 32, "radius": 0.05, "fractions": [0.2],
+        "attacks": ["alie", "alie_honest", "ipm"],
+        "aggregators": ["fedavg", "median", "trimmed_mean", "krum", "geomed", "centered_clip",
+                        "cc_momentum"],
+    },
+}  # fmt: skip
 #: the column without an attack
 NONE = "none"
 FIELDS = ["setting", "attack", "fraction", "aggregator", "seed", "test_acc", "status", "time_s"]
@@ -88,10 +119,13 @@ _DATA: dict[tuple[str, int], FederatedDataModule] = {}
 
 def setting(args: argparse.Namespace) -> str:
     """The options every cell of a table shares (a cell run otherwise is not reused)."""
-    return (
+    text = (
         f"{args.dataset} N={args.num_clients} K={args.clients_per_round} R={args.rounds} "
         f"E={args.local_epochs} lr={args.lr} hidden={args.hidden} partition={args.partition}"
     )
+    if args.setting == "epochs":  # the first table's key, unchanged so its rows are reused
+        return text
+    return f"{text} steps={args.local_steps} rho={args.client_momentum} radius={args.radius}"
 
 
 def cells(args: argparse.Namespace) -> Iterator[tuple[str, float, str, int]]:
@@ -115,17 +149,23 @@ def run_cell(cell: tuple[str, float, str, int], args: argparse.Namespace) -> dic
         )  # fmt: skip
     dm = _DATA[key]
     seed_everything(seed, verbose=False)  # the initial model, as the CLI does with loop.seed
-    model = ClientModule(
+    network = dict(
         network="mlp", network_kwargs={"hidden": [args.hidden]}, num_classes=dm.num_classes,
         in_channels=dm.in_channels, image_size=dm.image_size, optimizer="sgd", lr=args.lr,
-        momentum=0.5,
+        momentum=args.client_momentum,
     )  # fmt: skip
+    model = (
+        WorkerMomentum(beta=0.9, **network)
+        if aggregator_name in WORKER_MOMENTUM
+        else ClientModule(**network)
+    )
     attack = None if attack_name == NONE else ATTACKS[attack_name][1](fraction)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         loop = FederatedLoop(
             rounds=args.rounds, clients_per_round=args.clients_per_round,
-            local_epochs=args.local_epochs, aggregator=AGGREGATORS[aggregator_name][1](fraction),
+            local_epochs=args.local_epochs, local_steps=args.local_steps,
+            aggregator=AGGREGATORS[aggregator_name][1](fraction, args),
             attack=attack, backend=SequentialBackend(), seed=seed, eval_every=args.rounds,
             checkpoint_every=args.rounds, run_dir=tmp, progress_bar=False, plots=False,
         )  # fmt: skip
@@ -214,10 +254,25 @@ def tables(rows: list[dict[str, str]], args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
+def smoke_test_line(args: argparse.Namespace) -> str | None:
+    """``None`` at the setting's table scale; with fewer rounds, the line that says the output is
+    a smoke test, not a comparison."""
+    table_rounds = int(SETTINGS[args.setting]["rounds"])  # type: ignore[call-overload]
+    if args.rounds >= table_rounds:
+        return None
+    return (
+        f"SMOKE TEST: {args.rounds} of the {args.setting} table's {table_rounds} rounds. The "
+        "numbers show that the script runs; they say nothing about how the rules compare."
+    )
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--setting", default="epochs", choices=list(SETTINGS),
+                        help="epochs: the first table (10 rounds of one local epoch); "
+                        "many_aggregations: one local step a round, many rounds")  # fmt: skip
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.1, 0.2, 0.3])
     parser.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS),
@@ -225,6 +280,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--local-epochs", type=int, default=1)
+    parser.add_argument("--local-steps", type=int, default=None)
+    parser.add_argument("--client-momentum", type=float, default=0.5, help="local SGD momentum")
+    parser.add_argument("--radius", type=float, default=0.25,
+                        help="centered clipping's radius (norm bounding: twice it)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--hidden", type=int, default=100)
     parser.add_argument("--dataset", default="mnist5k")
@@ -233,6 +292,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients-per-round", type=int, default=20)
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/robustness"))
+    setting_name = parser.parse_known_args(argv)[0].setting
+    parser.set_defaults(**SETTINGS[setting_name])
     return parser.parse_args(argv)
 
 
@@ -256,6 +317,8 @@ def main(argv: list[str] | None = None) -> str:
         f"{setting(args)}; {len(todo)} run(s) now, {time.perf_counter() - started:.0f} s"
         + tables(read(path, args), args)
     )
+    smoke = smoke_test_line(args)
+    text += f"\n\n{smoke}" if smoke else ""
     print(text)
     (args.out / "table.md").write_text(text + "\n")
     return text

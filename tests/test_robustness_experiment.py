@@ -34,3 +34,26 @@ def test_the_robustness_table_has_its_shape_and_restarts(tmp_path, monkeypatch):
     assert (tmp_path / "table.md").read_text() == text + "\n"
     again = robustness.main(args)
     assert "0 run(s) now" in again and again.split("\n", 1)[1] == text.split("\n", 1)[1]
+
+
+def test_the_many_aggregations_setting_runs_the_papers_method_and_says_a_short_run_is_a_smoke_test(
+    tmp_path, monkeypatch
+):
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    sys.modules.pop("robustness", None)
+    import robustness
+
+    args = ["--setting", "many_aggregations", "--rounds", "3", "--seeds", "0", "--attacks", "ipm",
+            "alie_honest", "--aggregators", "fedavg", "cc_momentum", "--out", str(tmp_path)]  # fmt: skip
+    parsed = robustness.parse(args)
+    assert (parsed.local_steps, parsed.client_momentum, parsed.fractions) == (1, 0.0, [0.2])
+    text = robustness.main(args)
+    assert "steps=1" in text.splitlines()[0]  # the setting keys its rows
+    for title in ("inner-product manipulation", "a little is enough, honest variant"):
+        start = next(i for i, line in enumerate(text.splitlines()) if line.startswith(title))
+        rows = text.splitlines()[start + 4 : start + 6]
+        assert rows[0].startswith("| FedAvg | ")
+        assert rows[1].startswith("| centered clipping + worker momentum | ")
+    assert text.splitlines()[-1].startswith("SMOKE TEST: 3 of the many_aggregations table's 200")
+    with open(tmp_path / "results.csv") as handle:
+        assert all(r["status"] == "ok" for r in csv.DictReader(handle))
