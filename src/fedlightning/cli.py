@@ -208,7 +208,7 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
 
 def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
     if argv[:1] == ["plot"]:
-        from fedlightning.analysis.plots import plot_command
+        from fedlightning.analysis.plot_command import plot_command
 
         plot_command(argv[1:])
     elif argv[:1] == ["cofed"]:
