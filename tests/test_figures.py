@@ -52,7 +52,7 @@ def test_curves_have_readable_labels_and_a_title_naming_algorithm_data_and_parti
     acc, loss, traffic = fig.axes
     assert fig._suptitle.get_text() == "FedProx · digits, Dirichlet (β = 0.5), 20 clients"
     assert (acc.get_xlabel(), acc.get_ylabel()) == ("Round", "Accuracy")
-    assert labels_of(acc) == ["Test accuracy", "Validation accuracy"]
+    assert labels_of(acc) == ["Test accuracy", "Validation accuracy (global model)"]
     assert labels_of(loss) == ["Test loss", "Training loss"]
     assert traffic.get_xlabel() == "Communication (MB, sent + received)"
     np.testing.assert_allclose(traffic.get_lines()[0].get_xdata(), [4.0, 8.0, 12.0])  # MB
@@ -92,7 +92,9 @@ def test_epsilon_is_labelled_with_its_delta_and_bytes_in_megabytes(tmp_path):
 
 def test_overlaid_runs_are_named_by_algorithm_and_titled_by_their_common_setting(tmp_path):
     write_run(tmp_path / "prox", ROWS, FEDPROX)
-    write_run(tmp_path / "avg", ROWS, FEDPROX.replace("fedlightning.clients.FedProx", "x.ClientModule"))
+    write_run(
+        tmp_path / "avg", ROWS, FEDPROX.replace("fedlightning.clients.FedProx", "x.ClientModule")
+    )
     ax = runs_figure([tmp_path / "avg", tmp_path / "prox"]).axes[0]
     assert labels_of(ax) == ["FedAvg", "FedProx"]
     assert ax.get_title() == "digits, Dirichlet (β = 0.5), 20 clients"
@@ -111,7 +113,9 @@ def test_plot_options_set_labels_legend_and_size_and_write_vector_files(tmp_path
     assert text.lstrip().startswith("<?xml") and "<svg" in text
     for words in ("Communication round", "Top-1 accuracy (%)", "ours", "baseline"):
         assert f">{words}<" in text.replace("&#x25;", "%")  # text stays text, editable
-    width, height = (float(v) for v in re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', text).groups())
+    width, height = (
+        float(v) for v in re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', text).groups()
+    )
     assert (width, height) == (4 * 72, 3 * 72)
     pdf = tmp_path / "fig.pdf"
     main(["plot", *runs, *options, "-o", str(pdf)])
@@ -130,7 +134,16 @@ def test_plot_options_set_labels_legend_and_size_and_write_vector_files(tmp_path
 def test_plot_options_come_from_a_yaml_file_too(tmp_path, capsys):
     write_run(tmp_path / "a", ROWS, FEDPROX)
     (tmp_path / "opts.yaml").write_text("labels: [ours]\nfigsize: [5, 2.5]\nylabel: Acc\n")
-    main(["plot", str(tmp_path / "a"), "-c", str(tmp_path / "opts.yaml"), "-o", str(tmp_path / "o.png")])
+    main(
+        [
+            "plot",
+            str(tmp_path / "a"),
+            "-c",
+            str(tmp_path / "opts.yaml"),
+            "-o",
+            str(tmp_path / "o.png"),
+        ]
+    )
     assert "wrote" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["plot", str(tmp_path / "a"), "--figsize", "0", "3", "-o", str(tmp_path / "o.png")])

@@ -112,6 +112,9 @@ class FederatedCLI(LightningCLI):
             configs = self._get(self.config, "config") or []
             stem = Path(str(configs[-1])).stem if configs else "run"
             loop.run_dir = str(Path("runs") / stem)
+        from fedlightning.loop.logger_outputs import name_tensorboard_runs
+
+        name_tensorboard_runs(loop.loggers, loop.run_dir)  # a resume continues its TensorBoard run
 
     def instantiate_trainer(self, **kwargs: Any) -> FederatedLoop:
         config = {**self._get(self.config_init, "loop", default={}), **kwargs}

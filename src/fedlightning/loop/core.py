@@ -372,7 +372,7 @@ class FederatedLoop:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
                     self._save_checkpoint(run, r + 1, writer)
-                advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
+                advance(metrics)
         return metrics, guard.final_model_problem(self.aggregator.global_state()), started
 
     def _finish(
