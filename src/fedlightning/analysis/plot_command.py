@@ -67,8 +67,9 @@ def plot_command(argv: Sequence[str]) -> Path:
         options.update({k: v for k, v in vars(args).items() if k in options and v is not None})
         out = plot_runs(
             args.run_dirs, options["metric"], check_output(options["output"]),
-            options["group_by"], options["x"], options["title"], options["xlabel"],
-            options["ylabel"], options["labels"], figure_size(options["figsize"]),
+            options["group_by"], x=options["x"], title=options["title"],
+            xlabel=options["xlabel"], ylabel=options["ylabel"], labels=options["labels"],
+            figsize=figure_size(options["figsize"]),
         )  # fmt: skip
     except (FileNotFoundError, KeyError, PlotInputError) as err:
         command.error(str(err).strip("'\""))

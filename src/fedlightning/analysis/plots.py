@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -192,11 +193,9 @@ def default_title(run_dirs: Sequence[Path], spread: bool) -> str:
             *(settings if len(settings) == 1 else []),
         ]
     title = " · ".join(parts)
-    return (
-        f"{title} (mean ± std over runs)"
-        if spread and title
-        else title or ("Mean ± std over runs" if spread else "")
-    )
+    if not spread:
+        return title
+    return f"{title} (mean ± std over runs)" if title else "Mean ± std over runs"
 
 
 def plot_runs(
@@ -204,16 +203,11 @@ def plot_runs(
     metric: str = "test_acc",
     out: str | Path = "runs.png",
     group_by: str | None = None,
-    x: str = "round",
-    title: str | None = None,
-    xlabel: str | None = None,
-    ylabel: str | None = None,
-    labels: Sequence[str] | None = None,
-    figsize: tuple[float, float] = (9.0, 4.4),
+    **options: Any,
 ) -> Path:
-    """Write :func:`runs_figure` to ``out`` (PNG, or PDF/SVG by the suffix)."""
-    figure_ = runs_figure(run_dirs, metric, group_by, x, title, xlabel, ylabel, labels, figsize)
-    return save(figure_, out)
+    """Write :func:`runs_figure` (``options``: its ``x``, ``title``, ``xlabel``, ``ylabel``,
+    ``labels``, ``figsize``) to ``out`` (PNG, or PDF/SVG by the suffix)."""
+    return save(runs_figure(run_dirs, metric, group_by, **options), out)
 
 
 def runs_figure(
