@@ -133,18 +133,12 @@ def test_plot_options_set_labels_legend_and_size_and_write_vector_files(tmp_path
 
 def test_plot_options_come_from_a_yaml_file_too(tmp_path, capsys):
     write_run(tmp_path / "a", ROWS, FEDPROX)
-    (tmp_path / "opts.yaml").write_text("labels: [ours]\nfigsize: [5, 2.5]\nylabel: Acc\n")
-    main(
-        [
-            "plot",
-            str(tmp_path / "a"),
-            "-c",
-            str(tmp_path / "opts.yaml"),
-            "-o",
-            str(tmp_path / "o.png"),
-        ]
-    )
+    (tmp_path / "opts.yaml").write_text("labels: ours\nfigsize: [5, 2.5]\nylabel: Acc\n")
+    out = tmp_path / "o.svg"
+    main(["plot", str(tmp_path / "a"), "-c", str(tmp_path / "opts.yaml"), "-o", str(out)])
     assert "wrote" in capsys.readouterr().out
+    text = out.read_text()
+    assert ">ours<" in text and ">Acc<" in text and 'width="360pt" height="180pt"' in text
     with pytest.raises(SystemExit):
         main(["plot", str(tmp_path / "a"), "--figsize", "0", "3", "-o", str(tmp_path / "o.png")])
     assert "--figsize 0 3: expected two numbers" in capsys.readouterr().err

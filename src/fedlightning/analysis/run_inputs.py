@@ -151,11 +151,15 @@ def read_options(config: str | Path) -> dict[str, Any]:
         raise PlotInputError(
             f"-c {str(path)!r}: {key}={value!r} is not allowed: expected {expected}"
         )
-    return {
-        key: None if value is None else [str(v) for v in value] if isinstance(value, list)
-        else str(value)
-        for key, value in loaded.items()
-    }  # fmt: skip
+    options: dict[str, Any] = {}
+    for key, value in loaded.items():
+        if value is None:
+            options[key] = None
+        elif key in LIST_OPTIONS:  # one name is a list of one
+            options[key] = [str(v) for v in (value if isinstance(value, list) else [value])]
+        else:
+            options[key] = str(value)
+    return options
 
 
 def figure_size(value: Any) -> tuple[float, float]:
