@@ -28,15 +28,13 @@ def is_tensorboard(logger: Logger) -> bool:
 
 
 def log_config(loggers: Iterable[Logger], config_path: Path) -> None:
-    """Log the run's ``config.yaml`` as hyperparameters to every logger but W&B's (which gets it
-    with the partition table, :func:`fedlightning.tracking.log_run_description`). TensorBoard
-    then shows the config in its HPARAMS tab and writes it to its ``hparams.yaml``."""
+    """Log the run's ``config.yaml`` as hyperparameters to ``loggers`` (TensorBoard then shows
+    the config in its HPARAMS tab and writes it to its ``hparams.yaml``)."""
     if not config_path.is_file():
         return
     config = yaml.safe_load(config_path.read_text()) or {}
     for logger in loggers:
-        if not is_wandb(logger):
-            logger.log_hyperparams(config)
+        logger.log_hyperparams(config)
 
 
 def log_figure(loggers: Iterable[Logger], key: str, path: Path, step: int) -> None:

@@ -155,14 +155,14 @@ class Reporter:
         self.table.start(history)
         self.notebook = NotebookDisplay()  # this fit's own display
         self.loggers = list(self.extra_loggers)
-        if self.wandb:
+        log_config(self.loggers, self.run_dir / "config.yaml")
+        if self.wandb:  # its own description: the config and the partition table
             from fedlightning.tracking import log_run_description, make_wandb_logger
 
             logger = make_wandb_logger(self.run_dir, wandb_id, **self.wandb_settings)
             if wandb_id is None:  # a resumed W&B run already has them
                 log_run_description(logger, self.run_dir / "config.yaml", dm.partition_table())
             self.loggers.append(logger)
-        log_config(self.loggers, self.run_dir / "config.yaml")
         if not history:
             log_figure(self.loggers, "partition", self.run_dir / "partition.png", step=0)
         for logger in self.loggers:
