@@ -25,7 +25,7 @@ test: install  ## the test suite without the tests marked slow (CPU, tiny data, 
 test-all: install  ## every test, including those marked slow (Ray, SIGKILL resume, notebooks)
 	$(PY) -m pytest -m "slow or not slow"
 
-notebooks: install  ## run every notebook; each copy with its outputs goes to notebooks/runs/<name>.ipynb (about 7 CPU-min)
+notebooks: install  ## run every notebook at full size; each copy with its outputs goes to notebooks/runs/<name>.ipynb (notebook 01: 30 CPU-s)
 	mkdir -p notebooks/runs
 	$(VENV)/bin/jupyter execute --output='runs/{notebook_name}' notebooks/*.ipynb
 
