@@ -26,17 +26,6 @@ CLASS_OPTIONS = ("aggregator", "model", "backend", "attack", "inner")
 SYMBOLS = {"beta": "β", "alpha": "α", "mu": "μ"}
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (imported on first use: importing fedlightning does
-    not import matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def figure(figsize: tuple[float, float]):
     """A matplotlib Figure drawn by Agg, outside pyplot's global state (nothing to close), with a
     fixed layout: cheaper to draw than ``tight_layout`` (about 0.4 s instead of 1 s a plot)."""
