@@ -112,6 +112,9 @@ class FederatedCLI(LightningCLI):
             configs = self._get(self.config, "config") or []
             stem = Path(str(configs[-1])).stem if configs else "run"
             loop.run_dir = str(Path("runs") / stem)
+        from fedlightning.loop.logger_outputs import name_tensorboard_runs
+
+        name_tensorboard_runs(loop.loggers, loop.run_dir)  # a resume continues its TensorBoard run
 
     def instantiate_trainer(self, **kwargs: Any) -> FederatedLoop:
         config = {**self._get(self.config_init, "loop", default={}), **kwargs}
@@ -208,7 +211,7 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
 
 def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
     if argv[:1] == ["plot"]:
-        from fedlightning.analysis.plots import plot_command
+        from fedlightning.analysis.plot_command import plot_command
 
         plot_command(argv[1:])
     elif argv[:1] == ["cofed"]:

@@ -100,11 +100,14 @@ class FederatedLoop:
             under ``run_dir/client_state`` (a file per client; memory and checkpoints stay the
             same size however many clients have state: :mod:`fedlightning.state.disk`).
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
-        loggers: Lightning loggers besides the CSV logger (``metrics.csv``), each by
-            ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...).
+        loggers: Lightning loggers besides ``metrics.csv`` (always written), each by
+            ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...); each
+            gets the resolved config and, where it takes images, the run's figures
+            (:mod:`fedlightning.loop.logger_outputs`).
         wandb: shorthand for a W&B logger (offline unless ``WANDB_API_KEY`` is set).
         wandb_project, wandb_group, wandb_tags, wandb_name: settings of that W&B logger.
-        progress_bar: show a rich progress bar over rounds.
+        progress_bar: show the progress over rounds (a bar on a terminal, one display updated
+            in place in Jupyter: :mod:`fedlightning.loop.progress`).
         fit_with: ``auto``: Lightning Fabric fits every objective that states its loss, a lean
             Trainer those that need one (manual optimization, overridden training hooks);
             ``trainer``: a Trainer for every fit.
@@ -372,7 +375,7 @@ class FederatedLoop:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
                     self._save_checkpoint(run, r + 1, writer)
-                advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
+                advance(metrics)
         return metrics, guard.final_model_problem(self.aggregator.global_state()), started
 
     def _finish(
