@@ -16,7 +16,7 @@ from fedlightning.errors import require
 #: spends epsilon 19 at delta 1e-5, and below it the tight accountants' cost grows as 1/z^2
 #: (PLD: tens of seconds an evaluation at 0.1; Opacus's PRV runs out of memory or returns inf);
 #: 1e6 is the largest z Opacus's own calibration tries, where every accountant's epsilon is at its
-#: floor (above it, z^2 overflows in the accountants)
+#: floor (at 1e300, z^2 overflows in every accountant)
 NOISE_RANGE = (0.3, 1e6)
 #: clipping norms C (given, or adapted: 7.1): z C stays far inside float32's range
 CLIP_RANGE = (1e-9, 1e9)

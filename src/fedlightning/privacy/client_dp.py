@@ -71,9 +71,9 @@ class ClientLevelDP(WrappingAggregator):
     Privacy: every round is one Poisson-subsampled Gaussian mechanism with noise multiplier ``z``
     and rate ``q`` (sensitivity ``C_t`` of the sum over all keys, add/remove one client), composed
     by the ``accountant`` (docs/algorithms.md section 7.3); the loop reports ``dp_epsilon`` at
-    ``delta`` after every evaluated round and in the run's summary. The loop must sample clients by Poisson sampling
-    (``loop.client_sampling: poisson``) and releases every round, also one where no client was
-    sampled or none succeeded (``releases_every_round``). The noise is drawn on the server device
+    ``delta`` after every evaluated round and in the run's summary. The loop must sample clients
+    by Poisson sampling (``loop.client_sampling: poisson``) and releases every round, also one
+    where no client was sampled or none succeeded (``releases_every_round``). The noise is drawn on the server device
     from ``(seed, round)``: runs and resumes are reproducible, so the seed must stay secret in a
     deployment.
 

@@ -41,9 +41,9 @@ class DPSGD(RecordsInitArgs):
     steps. An epoch is ``ceil(n_i / B)`` such steps.
 
     Each client's privacy is composed over all its steps in all the rounds it trained, by its own
-    accountant (docs/algorithms.md section 7.3) kept in its ClientStore state; the loop reports the max and the mean of the
-    clients' epsilons at ``delta`` (``dp_sgd_epsilon_max``, ``dp_sgd_epsilon_mean``; a client that
-    never trained spent 0).
+    accountant (docs/algorithms.md section 7.3) kept in its ClientStore state; the loop reports
+    the max and the mean of the clients' epsilons at ``delta`` (``dp_sgd_epsilon_max``,
+    ``dp_sgd_epsilon_mean``; a client that never trained spent 0).
 
     Args:
         noise_multiplier: sigma in [0.3, 1e6], the noise std relative to ``max_grad_norm``.
