@@ -196,7 +196,7 @@ class FederatedLoop:
             dp_sgd=dp_sgd.settings() if dp_sgd is not None else None,
         )  # fmt: skip
         self.client_sampling = client_sampling
-        self.privacy = PrivacyReport(dp_sgd.delta if dp_sgd is not None else None)
+        self.privacy = PrivacyReport(dp_sgd)
         self.seed = seed
         self.eval_every = eval_every
         self.val_clients = val_clients

@@ -183,7 +183,7 @@ def prepare_run(
     rate = sampling_rate(loop.clients_per_round, datamodule.num_clients)
     check_privacy(
         loop.aggregator, model, loop.fit_config, trainer_reason(model, loop.precision),
-        loop.client_sampling, rate, loop.rounds, loop.min_clients,
+        loop.client_sampling, rate, loop.rounds, loop.min_clients, datamodule,
     )  # fmt: skip
     loop.backend.check(model, fit_config, compute)
     loop.backend.check_aggregator(loop.aggregator)
