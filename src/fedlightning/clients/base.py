@@ -8,11 +8,18 @@ module, and :meth:`ClientModule.end_client` returns the upload and the new persi
 same ``local_loss`` drives every backend (:mod:`fedlightning.fit`); the cohort backend stacks the
 attributes per client with nothing declared (:mod:`fedlightning.backends.cohort_context`). Any
 objective trains heterogeneous clients by the ``networks`` option, with no subclass.
+
+Who owns what (docs/algorithms.md section 6.1): the objective owns the network it is training
+(``network``, one group's at a time) and its round context; the client groups own every
+architecture's network (:class:`~fedlightning.clients.groups.ClientGroups`); the cohort backend
+owns each client's captured view; the scoring path owns the networks it scores
+(:class:`~fedlightning.scoring.ScoringNetworks`), told how by :mod:`fedlightning.clients.
+evaluation_hooks`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import lightning.pytorch as pl
@@ -21,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.clients.batch_metrics import BatchMetrics
+from fedlightning.clients.evaluation_hooks import EvaluationHooks
 from fedlightning.clients.groups import ClientGroups
 from fedlightning.clients.per_client import VECTORIZED_FLAG, per_client_input
 from fedlightning.errors import ConfigurationError, require
@@ -29,10 +37,9 @@ from fedlightning.protocol import ClientKeys, Payload, StateDict
 
 if TYPE_CHECKING:
     from fedlightning.data.datamodule import FederatedDataModule
-    from fedlightning.state import ClientStore
 
 
-class ClientModule(pl.LightningModule):
+class ClientModule(EvaluationHooks, pl.LightningModule):
     """Trains one client's copy of ``network`` for one round: ``loss = CE(f(x), y)``.
 
     The same module instance serves every client in turn: :meth:`begin_client` loads the server's
@@ -47,6 +54,10 @@ class ClientModule(pl.LightningModule):
     model. Every group's network is built once and owned by :attr:`client_groups`; a payload's
     key set selects the group whose network becomes ``self.network``, so an objective's own code
     sees exactly the client's architecture.
+
+    Evaluation never runs this module: it scores copies of :attr:`client_groups`' networks in
+    eval mode (docs/algorithms.md section 6.1; the hooks: :class:`~fedlightning.clients.
+    evaluation_hooks.EvaluationHooks`).
 
     Args:
         network: a registered model name (see ``fedlightning.models.list_models()``) or any
@@ -129,7 +140,7 @@ class ClientModule(pl.LightningModule):
         if networks is None:
             built = network if isinstance(network, nn.Module) else self.create_network(network)
             name = network if isinstance(network, str) else None
-            #: every architecture's network (one without client groups)
+            #: every architecture's network (one without client groups): docs/algorithms.md 6.1
             self.client_groups = ClientGroups([name], [self.wrap_network(built)], grouped=False)
         else:
             self.client_groups = ClientGroups.build(
@@ -247,29 +258,6 @@ class ClientModule(pl.LightningModule):
         """Called once by the loop (and by a Flower node) with the set-up data module, before any
         fit: objectives that derive per-client settings from the data (FML's label spaces for its
         adaptor heads) override it. The default does nothing."""
-
-    def prepare_evaluation(self, store: ClientStore) -> None:
-        """Called at the start of every evaluation, before the deployable models are scored, with
-        every client's persistent state (FML assembles its clients' adaptor heads). The default
-        does nothing."""
-
-    def evaluate_clients(
-        self,
-        client_ids: Sequence[int],
-        store: ClientStore,
-        val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
-        device: torch.device,
-    ) -> dict[str, float]:
-        """Extra metrics over the round's participating clients, called by the loop after its
-        standard evaluation (e.g. FML's personal models on their own validation splits).
-
-        Args:
-            client_ids: the clients whose upload was aggregated this round.
-            store: the ClientStore holding every client's persistent state.
-            val_dataloader: ``val_dataloader(client_id)`` gives that client's validation batches.
-            device: where the loop evaluates.
-        """
-        return {}
 
     # -- training -------------------------------------------------------------------------------
     def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:

@@ -2,7 +2,7 @@
 trains which architecture, the check that the architectures' state_dict keys nest (InCo
 Aggregation: Chan et al., ICLR 2024, arXiv:2308.11464; HeteroFL-style averaging: Diao et al., ICLR
 2021, arXiv:2010.01264), and :class:`ClientGroups`, the one object that owns every group's
-network. docs/algorithms.md section 2.3.
+network. docs/algorithms.md sections 2.3 and 6.1.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class ClientGroups:
     ``networks`` is one ``nn.ModuleList`` (smallest architecture first), so a single ``.to()``,
     ``.train()`` or ``.double()`` on it reaches every group. The objective trains one of them at a
     time (its registered ``network``); :meth:`activate` hands it the network a payload's key set
-    selects, carrying over the device, dtype and mode of the network it replaces.
+    selects, carrying over the device, dtype and mode of the network it replaces. The scoring
+    path copies these networks and never trains them (docs/algorithms.md section 6.1).
 
     Args:
         architectures: each network's registered model name (``None``: a module given directly).
