@@ -6,13 +6,15 @@ cohort backends: every logged ``test_acc``/``test_loss`` (the global model's and
 ``<name>/test_acc``) and ``group_mean_acc`` equals the run's ``models.pt`` re-scored here by an
 independent scorer: a fresh network from the registry, ``load_state_dict``, ``eval()``, a plain
 loop over the test set. The heterogeneous BatchNorm configs (ResNet groups) are the ones the old
-evaluation got wrong (groups scored in train mode).
+evaluation got wrong (groups scored in train mode). ``fedlightning test RUN_DIR`` prints the same
+numbers, from ``models.pt`` and from ``last.ckpt``, and refuses what is not a run in one line.
 """
 
 from __future__ import annotations
 
 import csv
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -150,3 +152,72 @@ def test_logged_test_metrics_are_the_saved_models_rescored(runs, stem, backend):
     assert set(logged) == set(rescored), "every scored model is saved in models.pt, and only those"
     for key, value in rescored.items():
         assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def _test_command(capsys, run_dir: Path) -> tuple[int, str, str]:
+    sys.argv = ["fedlightning"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", str(run_dir)])
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def _printed(out: str) -> dict[str, float]:
+    """The table's numbers as ``metrics.csv`` names them."""
+    printed = {}
+    for line in out.splitlines():
+        if match := re.match(r"^(\S+)\s+\S+\s+(\d\.\d{4})\s+(\d+\.\d{4})$", line):
+            prefix = "" if match[1] == "global" else f"{match[1]}/"
+            printed[f"{prefix}test_acc"] = float(match[2])
+            printed[f"{prefix}test_loss"] = float(match[3])
+        elif match := re.match(r"^group_mean_acc (\d\.\d{4})$", line):
+            printed["group_mean_acc"] = float(match[1])
+    return printed
+
+
+def test_the_test_command_prints_what_the_run_logged(runs, capsys, tmp_path):
+    """On a BatchNorm heterogeneous run: from models.pt, then from last.ckpt alone (a run that
+    was stopped before its end), the numbers of metrics.csv's last row."""
+    finished = runs("heteroavg_resnet", "SequentialBackend")
+    logged = _last_row(finished)
+    checkpointed = tmp_path / "checkpointed"
+    shutil.copytree(finished, checkpointed)
+    (checkpointed / "models.pt").unlink()
+    (checkpointed / "global.pt").unlink()
+    for run_dir, source in (
+        (finished, "models.pt (round 2)"),
+        (checkpointed, "last.ckpt (round 2)"),
+    ):
+        code, out, err = _test_command(capsys, run_dir)
+        assert code == 0, err
+        assert source in out and "metrics.csv round 2: the same numbers" in out, out
+        printed = _printed(out)
+        assert set(printed) == set(logged) and "resnet14/test_acc" in printed
+        assert all(printed[k] == pytest.approx(v, abs=5e-5) for k, v in logged.items()), out
+    (checkpointed / "metrics.csv").write_text("round,test_acc\n2,0.5\n")
+    _, out, _ = _test_command(capsys, checkpointed)
+    assert "metrics.csv round 2 logged otherwise: test_acc 0.5000 (now " in out
+
+
+def test_the_test_command_refuses_what_is_not_a_run_in_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--help"])
+    assert exit_info.value.code == 0 and "usage: fedlightning test [-h] RUN_DIR" in (
+        capsys.readouterr().out
+    )
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "configured").mkdir()
+    (tmp_path / "configured" / "config.yaml").write_text("loop: {}\nmodel: {}\ndata: {}\n")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.yaml").write_text("loop: {}\nmodel: {}\ndata: {}\n")
+    (tmp_path / "broken" / "models.pt").write_bytes(b"not a file torch wrote")
+    for run_dir, message in (
+        (tmp_path / "missing", "is not a directory"),
+        (tmp_path / "empty", "holds no config.yaml: not a fedlightning fit run directory"),
+        (tmp_path / "configured", "holds neither models.pt (a finished run) nor last.ckpt"),
+        (tmp_path / "broken", "models.pt cannot be read"),
+    ):
+        code, out, err = _test_command(capsys, run_dir)
+        assert code == 2 and not out, (out, err)
+        assert err.count("\n") == 1 and message in err, err

@@ -8,7 +8,8 @@ FedCross's ``middleware_<i>``), each with the registered model name of its archi
 (``None``: a network given as a module) and the state its scoring network is loaded with (the
 deployable's weights; for FML with adaptor heads, the backbone's and the assembled head's,
 :class:`~fedlightning.clients.fml_heads.HeadedBackbone`). With ``config.yaml`` (the objective's
-settings) it rebuilds every scoring network. docs/algorithms.md section 6.1.
+settings) it rebuilds every scoring network: ``fedlightning test RUN_DIR`` does
+(:mod:`fedlightning.cli_scoring`). docs/algorithms.md section 6.1.
 """
 
 from __future__ import annotations

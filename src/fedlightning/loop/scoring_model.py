@@ -11,7 +11,7 @@ or group switch of a fit reaches a reported number.
 
 :meth:`ScoringModel.saved` gives every deployable as the run saves it in ``models.pt``
 (:mod:`fedlightning.loop.deployables`), and :meth:`ScoringModel.load_saved` loads such an entry
-back into the same network.
+back into the same network (``fedlightning test RUN_DIR``).
 """
 
 from __future__ import annotations
