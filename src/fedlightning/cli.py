@@ -171,7 +171,8 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
     """Entry point of the ``fedlightning`` command; ``fedlightning plot ...`` overlays runs
     (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
     pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop;
-    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`).
+    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`);
+    ``fedlightning test RUN_DIR`` scores a run's saved models (:mod:`fedlightning.cli_scoring`).
     ``grid``: a Flower ServerApp's Grid for ``fit`` with ``FlowerBackend(address=None)``
     (:mod:`fedlightning.flower_app.server`)."""
     if args is None:  # the `fedlightning` process itself (not a call from Python, e.g. a test)
@@ -222,6 +223,10 @@ def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
         rest = [a for a in argv if a != "--print_config"]
         sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
         FederatedCLI(args=rest, print_config=True)
+    elif argv[:1] == ["test"]:
+        from fedlightning.cli_scoring import test_command
+
+        test_command(argv[1:])
     elif argv[:1] == ["flower-app"]:
         from fedlightning.flower_app.export import main as flower_app_main
 

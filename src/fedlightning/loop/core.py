@@ -25,12 +25,14 @@ from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.loop.checkpoint import atomic_save, make_checkpoint, read_checkpoint
 from fedlightning.loop.checkpoint_writer import CheckpointWriter
 from fedlightning.loop.communication import CommunicationMeter
+from fedlightning.loop.deployables import save_models
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
 from fedlightning.loop.sampling import round_clients
+from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_guard import ServerGuard
 from fedlightning.loop.startup import check_arguments, open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
@@ -86,8 +88,9 @@ class FederatedLoop:
             sampled from ``(seed, round)`` afresh each evaluated round, so evaluation does not
             grow with the number of clients (``val_acc`` is then the mean over the sample;
             :mod:`fedlightning.loop.evaluation`). Default 100.
-        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt`` and
-            ``global.pt`` go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
+        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt``,
+            ``global.pt`` and ``models.pt`` (every deployable: :mod:`fedlightning.loop.deployables`)
+            go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
         checkpoint_every: write ``last.ckpt`` every this many rounds (and after the last round).
         min_clients: a round aggregates only if at least this many uploads succeed.
         on_round_failure: ``skip`` the aggregation of a round with fewer than ``min_clients``
@@ -287,7 +290,7 @@ class FederatedLoop:
             writer.close(raise_error=False)
             raise
         writer.close()  # and before global.pt
-        return self._finish(metrics, unsaved, started, dm.num_clients)
+        return self._finish(metrics, unsaved, started, dm.num_clients, run.scoring)
 
     def _rounds(
         self, model: ClientModule, dm: FederatedDataModule, run: RunState, writer: CheckpointWriter
@@ -295,7 +298,7 @@ class FederatedLoop:
         """The rounds: the last evaluated metrics, why the final model must not be saved
         (``None``: it is finite) and when the rounds started."""
         start_round, per_round = run.first_round, run.clients_per_round
-        evaluator = Evaluator(run.compute.device, run.compute.autocast, self.seed, self.val_clients)
+        evaluator = Evaluator(run.scoring, self.seed, self.val_clients)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         guard = ServerGuard(self.aggregator, self.summary, self.on_round_failure, run.server.device)
         started = time.perf_counter()
@@ -345,7 +348,6 @@ class FederatedLoop:
                     metrics = {
                         "round": r + 1,
                         **evaluator.evaluate(
-                            model,
                             dm,
                             self.aggregator.deployables(),
                             [u.client_id for u in uploads],
@@ -379,13 +381,17 @@ class FederatedLoop:
         return metrics, guard.final_model_problem(self.aggregator.global_state()), started
 
     def _finish(
-        self, metrics: dict[str, float], unsaved: str | None, started: float, num_clients: int
-    ) -> dict[str, float]:
-        """After the rounds and their last checkpoint write: ``global.pt`` (unless ``unsaved``
-        says why not), the summary (privacy spent over the ``num_clients`` clients) and the run's
-        verdict."""
+        self, metrics: dict[str, float], unsaved: str | None, started: float, num_clients: int,
+        scoring: ScoringModel,
+    ) -> dict[str, float]:  # fmt: skip
+        """After the rounds and their last checkpoint write: ``global.pt`` and ``models.pt``
+        (every deployable, as ``scoring`` scores it; unless ``unsaved`` says why not), the summary
+        (privacy spent over the ``num_clients`` clients) and the run's verdict."""
         if unsaved is None:
             atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
+            deployables = self.aggregator.deployables()
+            scoring.prepare(self.store, deployables)
+            save_models(scoring.saved(deployables), self.rounds, self.run_dir)
         self.reporter.close()
         self.reporter.summary(
             [*self.summary.lines(), *self.privacy.lines(self.aggregator, num_clients)]
