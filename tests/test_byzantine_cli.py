@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from conftest import overridden
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.attacks import GaussianNoise
 from fedlightning.cli import main
@@ -30,7 +31,7 @@ SIGN_FLIP = ["--loop.attack", "fedlightning.attacks.SignFlip",
 def _fit(run_dir, *args):
     sys.argv = ["fedlightning"]
     main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--loop.run_dir", str(run_dir),
-          *SMALL, *args])  # fmt: skip
+          *overridden([*SMALL, *args])])  # fmt: skip
     with open(run_dir / "metrics.csv") as handle:
         return list(csv.DictReader(handle))
 

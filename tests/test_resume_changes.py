@@ -15,6 +15,7 @@ import lightning
 import pytest
 import yaml
 
+from conftest import overridden
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.backends import RayBackend, SequentialBackend
 from fedlightning.cli import FederatedCLI, main
@@ -30,7 +31,8 @@ QUIET = ["--loop.plots", "false", "--loop.progress_bar", "false"]
 
 def fit(run_dir: Path, *args: str, config: str | Path = CONF / "tiny.yaml") -> None:
     sys.argv = ["fedlightning"]
-    main(["fit", "--config", str(config), "--loop.run_dir", str(run_dir), *QUIET, *args])
+    options = overridden(["--loop.run_dir", str(run_dir), *QUIET, *args])
+    main(["fit", "--config", str(config), *options])
 
 
 def files(run_dir: Path) -> dict[str, bytes]:
