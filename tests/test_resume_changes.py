@@ -125,6 +125,24 @@ def test_rounds_cadence_logging_and_backend_may_change_and_the_resume_is_exact(t
     assert (resumed / "curves.png").exists()
 
 
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_resume_that_trains_nothing_rewrites_no_file(runs, tmp_path, caplog, rounds):
+    """A 2-round run resumed with --loop.rounds 1 (or 2) trains nothing: it exits 0 with one
+    line saying so, and config.yaml and every result file stay as they were, byte for byte
+    (config.yaml went on saying rounds: 2)."""
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(runs / "tiny", run_dir)
+    before = files(run_dir)
+    fit(run_dir, "--loop.rounds", str(rounds), "--ckpt_path", str(run_dir / "last.ckpt"))
+    assert files(run_dir) == before
+    line = (
+        f"nothing to train: {run_dir / 'last.ckpt'} has 2 round(s) done and "
+        f"loop.rounds={rounds}; {run_dir} is left as it was"
+    )
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [line]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["loop"]["rounds"] == 2
+
+
 def _python_run(run_dir: Path, rounds: int, ckpt_path: str | None = None, lr: float = 0.1):
     """tests/conf/tiny.yaml written in Python."""
     lightning.seed_everything(0, verbose=False)  # the initial model, as the CLI seeds it

@@ -247,6 +247,8 @@ class FederatedLoop:
         self.run_state = run = prepare_run(self, model, datamodule, ckpt_path)
         if run.checkpoint is not None:
             self._resume_records(run.checkpoint)
+            if run.first_round >= self.rounds:  # nothing to train: the run's files stay as they are
+                return self.history[-1] if self.history else {}
         overwrite = self.overwrite and run.checkpoint is None  # a resume rewrites its history
         with RunDirectory(self.run_dir, overwrite, resuming=run.resumes_in_place or self.overwrite):
             with (

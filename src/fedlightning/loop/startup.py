@@ -9,6 +9,8 @@
    aggregator from the model's initial weights and, when resuming, :func:`restore` the
    checkpoint's server and client state. Nothing is written yet. Returns the
    :class:`~fedlightning.loop.run_state.RunState` the rounds consume.
+   A resume whose checkpoint already has ``loop.rounds`` rounds done stops here: it writes
+   nothing, so the run's ``config.yaml`` and results stay as they were.
 3. :func:`open_run`, inside the locked run directory: restore the RNG states of a resume, remove
    stale temporaries and client state files, write ``config.yaml``, ``partition.csv`` and ``partition.png``, open the
    loggers.
@@ -243,10 +245,10 @@ def restore(
             "resume from another checkpoint or start a new run"
         ) from None
     rounds_done = checkpoint["round"]
-    if rounds_done >= loop.rounds:
+    if rounds_done >= loop.rounds:  # FederatedLoop.fit then returns without writing anything
         log.warning(
-            "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
-            rounds_done, loop.rounds,
+            "nothing to train: %s has %d round(s) done and loop.rounds=%d; %s is left as it was",
+            ckpt_path, rounds_done, loop.rounds, loop.run_dir,
         )  # fmt: skip
 
 
