@@ -22,7 +22,7 @@ with gc_paused():  # see fedlightning.gc_tuning
     from fedlightning.clients.base import ClientModule
     from fedlightning.config_checks import check_repeated_options
     from fedlightning.data.datamodule import FederatedDataModule
-    from fedlightning.errors import ConfigurationError, RunStopped, StorageError
+    from fedlightning.errors import ConfigurationError, PluginError, RunStopped, StorageError
     from fedlightning.loop import ClientBug, FederatedLoop
     from fedlightning.signals import StopSignal, stop_on_signals
 
@@ -189,7 +189,7 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
         check_repeated_options(argv[1:])  # an option given twice says two things
         with stop_on_signals():  # SIGINT and SIGTERM alike, from start-up on
             _dispatch(argv, args, grid)
-    except (RunStopped, ClientBug) as err:
+    except (RunStopped, ClientBug, PluginError) as err:
         print(f"fedlightning: stopped: {err}", file=sys.stderr)
         raise SystemExit(1) from None
     except StorageError as err:

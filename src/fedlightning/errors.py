@@ -31,6 +31,13 @@ class StorageError(RuntimeError):
     the CLI prints the message (which names the path) and exits with status 1."""
 
 
+class PluginError(RuntimeError):
+    """A plug-in (an aggregator's ``server_update`` or ``state_dict``, an objective's state) broke
+    its contract mid-run: the message names the plug-in, the key, what came and what was
+    expected. The run stops after its last good checkpoint; the CLI prints the message without a
+    traceback and exits with status 1. Python callers get this exception."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """SIGINT (Ctrl-C) or SIGTERM during a run (:mod:`fedlightning.signals`). The message says
     after which round it stopped and which checkpoint resumes it; the CLI prints it and exits with

@@ -279,7 +279,7 @@ class FederatedLoop:
     # -- the rounds -----------------------------------------------------------------------------
     def _run(self, model: ClientModule, dm: FederatedDataModule, run: RunState) -> dict[str, float]:
         open_run(self, model, dm, run)
-        writer = CheckpointWriter()
+        writer = CheckpointWriter(type(self.aggregator).__name__)
         try:
             metrics, unsaved, started = self._rounds(model, dm, run, writer)
         except BaseException:  # the checkpoint in flight lands before the error goes up
