@@ -267,6 +267,7 @@ class FederatedLoop:
                     raise storage_error(error, self.run_dir, "write the run's files") from None
                 finally:
                     self.backend.stop()
+                    self.store.close()
 
     def _resume_records(self, checkpoint: dict[str, Any]) -> None:
         """The loop's own records of a resumed run: its history and meters."""

@@ -12,8 +12,8 @@
    A resume whose checkpoint already has ``loop.rounds`` rounds done stops here: it writes
    nothing, so the run's ``config.yaml`` and results stay as they were.
 3. :func:`open_run`, inside the locked run directory: restore the RNG states of a resume, remove
-   stale temporaries and client state files, write ``config.yaml``, ``partition.csv`` and ``partition.png``, open the
-   loggers.
+   stale temporaries, take the client state folder and remove its stale files, write
+   ``config.yaml``, ``partition.csv`` and ``partition.png``, open the loggers.
 
 These functions read the loop's options and call its components (aggregator, backend, store,
 reporter); they assign none of the loop's attributes.
@@ -45,6 +45,7 @@ from fedlightning.loop.server_device import ServerDevice
 from fedlightning.privacy.checks import check_privacy
 from fedlightning.privacy.dp_sgd import DPSGD
 from fedlightning.run_config import config_yaml, resolved_config
+from fedlightning.tracking import check_wandb_folders
 from fedlightning.training import quiet_lightning
 
 if TYPE_CHECKING:
@@ -196,6 +197,9 @@ def prepare_run(
     # not take over a directory holding another run's results (unless overwrite)
     resuming = bool(ckpt_path) and resumes_in(ckpt_path, loop.run_dir)
     check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
+    loop.store.check()  # a client state folder of its own: no link, no other live run's
+    if loop.reporter.wandb:
+        check_wandb_folders()  # W&B's own folders, outside the run directory
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
     identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
