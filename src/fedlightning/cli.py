@@ -187,7 +187,8 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
     try:
         check_config_files(argv)  # a config that is not UTF-8 text: one line, not a traceback
         check_repeated_options(argv[1:])  # an option given twice says two things
-        with stop_on_signals():  # SIGINT and SIGTERM alike, from start-up on
+        # SIGINT and SIGTERM alike, from start-up on (ignored once the run is done)
+        with stop_on_signals(ignore_once_finished=args is None):
             _dispatch(argv, args, grid)
     except (RunStopped, ClientBug, PluginError) as err:
         print(f"fedlightning: stopped: {err}", file=sys.stderr)

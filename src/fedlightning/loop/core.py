@@ -40,7 +40,7 @@ from fedlightning.privacy.report import PrivacyReport
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.signals import StopSignal, signal_number, stop_on_signals
+from fedlightning.signals import StopSignal, finished, signal_number, stop_on_signals
 from fedlightning.state import ClientStore
 from fedlightning.training import cpu_compute, quiet_lightning
 
@@ -393,6 +393,7 @@ class FederatedLoop:
         failure = unsaved or self.summary.verdict(self.max_skipped_fraction)
         if failure is not None:
             raise RunStopped(f"run failed: {failure}; results are in {self.run_dir}")
+        finished()  # every file is complete: a signal from now on changes nothing
         self.reporter.done(
             metrics, self.rounds, time.perf_counter() - started, self.target.summary()
         )
