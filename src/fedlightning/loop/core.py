@@ -327,15 +327,23 @@ class FederatedLoop:
                 aggregates = len(uploads) >= self.min_clients or (
                     self.aggregator.releases_every_round
                 )
-                self.summary.record_round(aggregates, drew_clients=bool(jobs))
-                if aggregates:
+                # a round beyond the rule's breakdown point fails (logged, counted, or stops)
+                admitted = (
+                    not aggregates
+                    or run.adversary is None
+                    or run.adversary.admits(
+                        r, uploads, self.aggregator, self.summary, self.on_round_failure
+                    )
+                )
+                self.summary.record_round(aggregates and admitted, drew_clients=bool(jobs))
+                if aggregates and admitted:
                     guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
                 elif not jobs:  # Poisson sampling drew no client: nothing failed
                     log.info("round %d: Poisson sampling drew no client", r + 1)
                 elif self.on_round_failure == "stop":
                     writer.wait()  # the message names the checkpoint on disk
                     self._stop(r, len(uploads), len(jobs))
-                else:
+                elif admitted:
                     log.warning(
                         "round %d: only %d of %d clients succeeded (min_clients=%d): aggregation skipped",
                         r + 1, len(uploads), len(jobs), self.min_clients,

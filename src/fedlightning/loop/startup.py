@@ -170,8 +170,8 @@ def prepare_run(
     per_round = clients_per_round(loop.clients_per_round, datamodule.num_clients, loop.min_clients)
     check_pairing(model, loop.aggregator, loop.precision)
     adversary, fit_config = prepare_attack(
-        loop.attack, loop.aggregator, loop.fit_config, datamodule.num_clients, per_round,
-        loop.rounds, loop.seed,
+        loop.attack, loop.aggregator, loop.backend, loop.fit_config, datamodule.num_clients,
+        per_round, loop.client_sampling, loop.seed,
     )  # fmt: skip
     classes = getattr(model, "num_classes", None)
     if classes is not None and classes < datamodule.num_classes:
