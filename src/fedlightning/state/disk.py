@@ -198,10 +198,10 @@ class DiskStates:
         for cid, version, digest in self._scan():
             if newest.get(cid, (0, None))[0] < version <= state["version"]:
                 newest[cid] = (version, digest)
-        live = {cid: entry for cid, entry in newest.items() if entry[1] is not None}
+        live = {cid: (v, d) for cid, (v, d) in newest.items() if d is not None}  # .none: no state
         folder = 0
         for cid, (version, digest) in live.items():
-            folder ^= entry_hash(cid, version, digest)  # type: ignore[arg-type]
+            folder ^= entry_hash(cid, version, digest)
         if (len(live), f"{folder:016x}") != (state["clients"], state["digest"]):
             raise ConfigurationError(
                 f"the client_state folder {str(self.directory)!r} does not hold this checkpoint's "
@@ -211,11 +211,11 @@ class DiskStates:
                 "folder); resume from the run's own last.ckpt"
             )
         self._version, self._count, self._digest = int(state["version"]), len(live), folder
-        size = max(live, default=-1) + 1
+        size, ids = max(live, default=-1) + 1, list(live)
         self._live = np.zeros(size, dtype=np.int64)
         self._sums = np.zeros(size, dtype=np.uint64)
-        for cid, (version, digest) in live.items():
-            self._live[cid], self._sums[cid] = version, digest
+        self._live[ids] = [version for version, _ in live.values()]
+        self._sums[ids] = np.array([digest for _, digest in live.values()], dtype=np.uint64)
         self._superseded.clear()
 
     # -- the folder's owner -------------------------------------------------------------------------
