@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("opacus")
 pytest.importorskip("dp_accounting")
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, PluginError
 from fedlightning.privacy import ClientLevelDP, PrivacyAccountant
 from fedlightning.privacy.bounds import CLIP_RANGE, NOISE_RANGE
 from fedlightning.privacy.client_dp_maths import adaptive_clip_norm, clipped_sum
@@ -182,6 +182,26 @@ def test_a_server_update_that_reads_uploads_fails_loudly():
     aggregator.setup({"w": torch.zeros(2)}, 4)
     with pytest.raises(ConfigurationError, match="ReadsUploads.server_update reads the round's"):
         aggregator.aggregate(0, [upload(0, {"w": torch.ones(2)})])
+
+
+def test_a_wrong_server_update_of_the_inner_aggregator_is_one_error_naming_it():
+    """Inside ClientLevelDP the inner aggregator's hook gets the same checks as on its own: a
+    numpy array for a tensor is a PluginError naming the inner aggregator, the round and the key,
+    with numpy's dtype written apart from torch's; the server state is untouched."""
+    from user_clients import WrongServerUpdate
+
+    inner = WrongServerUpdate(how="numpy", weighting="uniform")
+    aggregator = ClientLevelDP(inner=inner, noise_multiplier=1.0)
+    aggregator.plan("poisson", 0.5, 10, 1)
+    aggregator.setup({"w": torch.zeros(2)}, 4)
+    before = aggregator.state_dict()["inner"]["weights"]["w"].clone()
+    with pytest.raises(PluginError, match=(
+        r"WrongServerUpdate.server_update \(round 1\) returned 'w' as a numpy.ndarray of dtype "
+        r"numpy.float32, shape \(2,\), but the server state holds a torch.Tensor of dtype "
+        r"torch.float32, shape \(2,\), on cpu"
+    )):  # fmt: skip
+        aggregator.aggregate(0, [upload(0, {"w": torch.ones(2)})])
+    assert torch.equal(aggregator.global_state()["w"], before)
 
 
 def test_the_accountant_never_goes_back_when_a_round_is_undone():

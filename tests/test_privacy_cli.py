@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("opacus")
 pytest.importorskip("dp_accounting")
 
-from conftest import run_cli  # noqa: E402
+from conftest import overridden, run_cli  # noqa: E402
 from fedlightning.loop.sampling import poisson_sample_clients, sample_clients  # noqa: E402
 from fedlightning.privacy import calibrate_noise  # noqa: E402
 from privacy_reference import PRV_EPS_ERROR, opacus_epsilon, pld_epsilon  # noqa: E402
@@ -177,7 +177,7 @@ BAD = [
 @pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a)[-50:] for a, _ in BAD])
 def test_bad_privacy_option_is_refused_before_anything_is_written(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(tmp_path / "bad", *args)
+        run_cli(tmp_path / "bad", *overridden(args))  # DP's defaults, then the case's value
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert re.search(message, err, re.S), err[-2000:]

@@ -20,8 +20,9 @@ with gc_paused():  # see fedlightning.gc_tuning
     from fedlightning.cli_errors import check_config_files, one_line_error, stop_report
     from fedlightning.cli_help import PlainHelpFormatter, print_fit_usage, print_overview, version
     from fedlightning.clients.base import ClientModule
+    from fedlightning.config_checks import check_repeated_options
     from fedlightning.data.datamodule import FederatedDataModule
-    from fedlightning.errors import ConfigurationError, RunStopped, StorageError
+    from fedlightning.errors import ConfigurationError, PluginError, RunStopped, StorageError
     from fedlightning.loop import ClientBug, FederatedLoop
     from fedlightning.signals import StopSignal, stop_on_signals
 
@@ -189,9 +190,11 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
         raise SystemExit(2)
     try:
         check_config_files(argv)  # a config that is not UTF-8 text: one line, not a traceback
-        with stop_on_signals():  # SIGINT and SIGTERM alike, from start-up on
+        check_repeated_options(argv[1:])  # an option given twice says two things
+        # SIGINT and SIGTERM alike, from start-up on (ignored once the run is done)
+        with stop_on_signals(ignore_once_finished=args is None):
             _dispatch(argv, args, grid)
-    except (RunStopped, ClientBug) as err:
+    except (RunStopped, ClientBug, PluginError) as err:
         print(f"fedlightning: stopped: {err}", file=sys.stderr)
         raise SystemExit(1) from None
     except StorageError as err:

@@ -1,7 +1,8 @@
 """What goes wrong at the command line, said in one line instead of a traceback.
 
 - :func:`check_config_files`: a ``-c/--config`` file that is not UTF-8 text (or cannot be read)
-  is refused naming the file and where the bad byte is, before anything is parsed.
+  is refused naming the file and where the bad byte is, and one that gives a key twice naming
+  the key and both lines, before anything is parsed.
 - :func:`one_line_error`: a class named by ``class_path`` (an objective, an aggregator, a logger,
   a backend) whose constructor raised names the class, the exception and where it was raised; a
   Lightning logger whose optional package is missing names the package and how to install it; a
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from fedlightning.config_checks import check_yaml_keys
 from fedlightning.errors import ConfigurationError, RunInterrupted
 from fedlightning.loop.rundir import NAME_MAX
 from fedlightning.signals import exit_status, signal_number, stopped_by
@@ -34,7 +36,8 @@ EXTRAS = {
 
 def check_config_files(argv: Sequence[str]) -> None:
     """Refuse a ``-c FILE`` / ``--config FILE`` / ``--config=FILE`` that is not readable UTF-8
-    text (the parsers would fail with a UnicodeDecodeError traceback)."""
+    text (the parsers would fail with a UnicodeDecodeError traceback), or whose YAML gives a key
+    twice in one mapping (:func:`fedlightning.config_checks.check_yaml_keys`)."""
     for flag, path in _config_arguments(argv):
         file = Path(path)
         try:
@@ -45,7 +48,7 @@ def check_config_files(argv: Sequence[str]) -> None:
             reason = os_reason(error, path)
             raise ConfigurationError(f"{flag} {path!r} cannot be read: {reason}") from None
         try:
-            data.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as error:
             line = data[: error.start].count(b"\n") + 1
             column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
@@ -53,6 +56,7 @@ def check_config_files(argv: Sequence[str]) -> None:
                 f"{flag} {path!r} is not UTF-8 text: byte 0x{data[error.start]:02x} at line "
                 f"{line}, column {column} cannot be decoded; save the file as UTF-8"
             ) from None
+        check_yaml_keys(text, f"{flag} {path!r}")
 
 
 def _config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:

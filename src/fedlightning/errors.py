@@ -1,6 +1,8 @@
 """Errors the library raises: bad user input, stopped runs, storage failures, lost workers."""
 
+import errno
 import signal
+from pathlib import Path
 
 
 class ConfigurationError(ValueError):
@@ -29,6 +31,25 @@ class StorageError(RuntimeError):
     """The run could not read or write its own files (a full disk, a read-only or vanished run
     directory, a client-state file deleted under it). A framework error, never a client failure:
     the CLI prints the message (which names the path) and exits with status 1."""
+
+
+class PluginError(RuntimeError):
+    """A plug-in (an aggregator's ``server_update`` or ``state_dict``, an objective's state) broke
+    its contract mid-run: the message names the plug-in, the key, what came and what was
+    expected. The run stops after its last good checkpoint; the CLI prints the message without a
+    traceback and exits with status 1. Python callers get this exception."""
+
+
+def storage_error(error: OSError, path: str | Path, doing: str, note: str = "") -> StorageError:
+    """A one-line :class:`StorageError` for an OSError met while ``doing`` in ``path``."""
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied",
+    }.get(error.errno or -1, error.strerror or str(error))
+    where = f" ({error.filename})" if error.filename else ""
+    return StorageError(f"could not {doing} in {str(path)!r}: {reason}{where}{note}")
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -50,6 +50,12 @@ class Backend(RecordsInitArgs, ABC):
 
     on_client_done: ClientDone | None = None
 
+    @property
+    def individual_uploads(self) -> bool:
+        """Whether the uploads :meth:`run` returns are the clients' own (an attack can replace
+        a malicious one); False: stand-ins that carry only their sum (secure aggregation)."""
+        return True
+
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:  # noqa: B027 (optional hook)
         """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config`` on
         ``compute``; called by the loop at start-up, before anything is written or trained."""

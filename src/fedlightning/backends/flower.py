@@ -186,6 +186,12 @@ class FlowerBackend(Backend):
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
         _flwr()
 
+    @property
+    def individual_uploads(self) -> bool:
+        """Under secure aggregation, the uploads a round returns are stand-ins that carry only
+        the secure sum (:mod:`fedlightning.flower_app.secure`): no attack can replace one."""
+        return self.secure is None
+
     def check_aggregator(self, aggregator: Aggregator) -> None:
         """Under secure aggregation, refuse an aggregator that needs individual uploads."""
         if self.secure is not None:

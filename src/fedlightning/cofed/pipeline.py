@@ -21,6 +21,7 @@ from fedlightning.cofed.participants import Participant, Participants, TorchPart
 from fedlightning.cofed.tasks import CoFEDData, LabelSpaceTasks, Tasks
 from fedlightning.cofed.voting import vote
 from fedlightning.errors import require
+from fedlightning.loop.checks import check_seed
 from fedlightning.seeding import derive_seed
 from fedlightning.training import cpu_compute, quiet_lightning
 
@@ -84,6 +85,7 @@ class CoFED:
         num_threads: int | None = None,
         onednn: bool = False,
     ) -> None:
+        check_seed(seed, "seed")  # as fit checks loop.seed
         require(0.0 <= alpha <= 1.0, "alpha", alpha, "a number in [0, 1]")
         require(0.0 <= margin <= 1.0, "margin", margin, "a number in [0, 1]")
         require(

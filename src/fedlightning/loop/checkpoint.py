@@ -20,8 +20,7 @@ from typing import Any
 
 import torch
 
-from fedlightning.errors import ConfigurationError
-from fedlightning.loop.rundir import storage_error
+from fedlightning.errors import ConfigurationError, storage_error
 from fedlightning.placement import to_cpu
 
 CHECKPOINT_FORMAT = "fedlightning-checkpoint-3"

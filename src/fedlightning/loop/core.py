@@ -42,7 +42,7 @@ from fedlightning.privacy.report import PrivacyReport
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.signals import StopSignal, signal_number, stop_on_signals
+from fedlightning.signals import StopSignal, finished, signal_number, stop_on_signals
 from fedlightning.state import ClientStore
 from fedlightning.training import cpu_compute, quiet_lightning
 
@@ -253,6 +253,8 @@ class FederatedLoop:
         self.run_state = run = prepare_run(self, model, datamodule, ckpt_path)
         if run.checkpoint is not None:
             self._resume_records(run.checkpoint)
+            if run.first_round >= self.rounds:  # nothing to train: the run's files stay as they are
+                return self.history[-1] if self.history else {}
         overwrite = self.overwrite and run.checkpoint is None  # a resume rewrites its history
         with RunDirectory(self.run_dir, overwrite, resuming=run.resumes_in_place or self.overwrite):
             with (
@@ -271,6 +273,7 @@ class FederatedLoop:
                     raise storage_error(error, self.run_dir, "write the run's files") from None
                 finally:
                     self.backend.stop()
+                    self.store.close()
 
     def _resume_records(self, checkpoint: dict[str, Any]) -> None:
         """The loop's own records of a resumed run: its history and meters."""
@@ -283,7 +286,7 @@ class FederatedLoop:
     # -- the rounds -----------------------------------------------------------------------------
     def _run(self, model: ClientModule, dm: FederatedDataModule, run: RunState) -> dict[str, float]:
         open_run(self, model, dm, run)
-        writer = CheckpointWriter()
+        writer = CheckpointWriter(type(self.aggregator).__name__)
         try:
             metrics, unsaved, started = self._rounds(model, dm, run, writer)
         except BaseException:  # the checkpoint in flight lands before the error goes up
@@ -330,15 +333,23 @@ class FederatedLoop:
                 aggregates = len(uploads) >= self.min_clients or (
                     self.aggregator.releases_every_round
                 )
-                self.summary.record_round(aggregates, drew_clients=bool(jobs))
-                if aggregates:
+                # a round beyond the rule's breakdown point fails (logged, counted, or stops)
+                admitted = (
+                    not aggregates
+                    or run.adversary is None
+                    or run.adversary.admits(
+                        r, uploads, self.aggregator, self.summary, self.on_round_failure
+                    )
+                )
+                self.summary.record_round(aggregates and admitted, drew_clients=bool(jobs))
+                if aggregates and admitted:
                     guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
                 elif not jobs:  # Poisson sampling drew no client: nothing failed
                     log.info("round %d: Poisson sampling drew no client", r + 1)
                 elif self.on_round_failure == "stop":
                     writer.wait()  # the message names the checkpoint on disk
                     self._stop(r, len(uploads), len(jobs))
-                else:
+                elif admitted:
                     log.warning(
                         "round %d: only %d of %d clients succeeded (min_clients=%d): aggregation skipped",
                         r + 1, len(uploads), len(jobs), self.min_clients,
@@ -399,6 +410,7 @@ class FederatedLoop:
         failure = unsaved or self.summary.verdict(self.max_skipped_fraction)
         if failure is not None:
             raise RunStopped(f"run failed: {failure}; results are in {self.run_dir}")
+        finished()  # every file is complete: a signal from now on changes nothing
         self.reporter.done(
             metrics, self.rounds, time.perf_counter() - started, self.target.summary()
         )

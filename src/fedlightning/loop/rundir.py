@@ -13,27 +13,27 @@ user's (``-c exp/config.yaml --loop.run_dir exp``) and the run is refused, whate
 directory where a run has run (it holds the lock file below) or that the run resumes from; in any
 other directory they are a user's, and the run is refused.
 
-The lock is ``fcntl.flock`` on ``<run_dir>/.fedlightning.lock`` (holding the holder's pid): the
-kernel releases it when the process exits, however it exits, so a lock left by a crashed run is
-stale and never blocks the next one. A second run on a locked directory is refused at once with the
-holder's pid. :func:`check_run_dir` only reads (it probes the lock with a shared, read-only open);
+The lock is ``fcntl.flock`` on ``<run_dir>/.fedlightning.lock`` (holding the holder's pid,
+:mod:`fedlightning.folder_lock`): the kernel releases it when the process exits, however it exits,
+so a lock left by a crashed run is stale and never blocks the next one. A second run on a locked
+directory is refused at once with the holder's pid. A run directory removed while its run runs is
+named as such (a :class:`~fedlightning.errors.StorageError`), not as the first file that failed.
+:func:`check_run_dir` only reads (it probes the lock with a shared, read-only open);
 :class:`RunDirectory` creates the directory and takes the lock after every start-up check passed.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import shutil
 import signal
 from pathlib import Path
 from types import TracebackType
 
-from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError
+from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError, storage_error
+from fedlightning.folder_lock import LOCK_NAME, FolderLock, lock_holder
 from fedlightning.signals import stopped_by
 
-LOCK_NAME = ".fedlightning.lock"
 #: files whose presence means the directory holds a run's results
 RESULT_FILES = (
     "metrics.csv", "last.ckpt", "global.pt", "models.pt", "summary.json", "participants.csv",
@@ -181,24 +181,6 @@ def resumes_in(ckpt_path: str | Path, run_dir: str | Path) -> bool:
     return Path(ckpt_path).resolve().parent == Path(run_dir).resolve()
 
 
-def lock_holder(run_dir: Path) -> str | None:
-    """The pid (as written in the lock file) of a live run holding ``run_dir``'s lock, else None."""
-    lock = run_dir / LOCK_NAME
-    try:
-        handle = open(lock)  # noqa: SIM115 (read-only probe, closed below)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return handle.read().strip() or "unknown"
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return None
-    finally:
-        handle.close()
-
-
 class RunDirectory:
     """Context manager: create ``path``, take its exclusive lock, delete old results if
     ``overwrite``; on exit release the lock, and if the run failed before writing anything,
@@ -219,7 +201,7 @@ class RunDirectory:
         self.overwrite = overwrite
         self.resuming = resuming
         self.option = option
-        self._handle = None
+        self._lock = FolderLock(self.path)
         self._created = False
 
     def __enter__(self) -> RunDirectory:
@@ -227,24 +209,14 @@ class RunDirectory:
         ran_here = (self.path / LOCK_NAME).exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path / LOCK_NAME, "a+")  # noqa: SIM115 (held for the run's life)
+            holder = self._lock.acquire()
         except OSError as error:
             raise storage_error(error, self.path, "create the run directory") from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
+        if holder is not None:
             raise ConfigurationError(
                 f"{self.option}={str(self.path)!r} is in use by another run (pid {holder}): wait "
                 "for it to end or choose another directory"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._handle = handle
+            )
         try:  # again under the lock: a run that ended since check_run_dir may have left results
             _refuse_foreign(self.path, self.option, self.resuming, ran_here)
             _refuse_results(self.path, self.option, self.resuming, self.overwrite)
@@ -267,35 +239,28 @@ class RunDirectory:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if self._handle is None:
+        if not self._lock.held:
             return
+        vanished = self._lock.replaced()
         failed_empty = (
             kind is not None
             and self._created
+            and not vanished
             and {p.name for p in self.path.iterdir()} <= {LOCK_NAME}
         )
         if failed_empty:
             (self.path / LOCK_NAME).unlink(missing_ok=True)
-        fcntl.flock(self._handle, fcntl.LOCK_UN)
-        self._handle.close()
-        self._handle = None
+        self._lock.release()
         if failed_empty:
             try:
                 self.path.rmdir()
             except OSError:
                 pass
-
-
-def storage_error(error: OSError, path: Path, doing: str, note: str = "") -> StorageError:
-    """A one-line :class:`StorageError` for an OSError met while ``doing`` in ``path``."""
-    reason = {
-        errno.ENOSPC: "no space left on the device",
-        errno.EDQUOT: "disk quota exceeded",
-        errno.EROFS: "read-only file system",
-        errno.EACCES: "permission denied",
-    }.get(error.errno or -1, error.strerror or str(error))
-    where = f" ({error.filename})" if error.filename else ""
-    return StorageError(f"could not {doing} in {str(path)!r}: {reason}{where}{note}")
+        if vanished and kind is not None and issubclass(kind, Exception):
+            raise StorageError(
+                f"{self.option}={str(self.path)!r} was removed while the run was running (by "
+                "another process): the run's files there are gone; start the run again"
+            ) from None
 
 
 def interrupted(

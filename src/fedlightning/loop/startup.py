@@ -10,9 +10,11 @@
    before any fit, :mod:`fedlightning.loop.scoring_model`) and, when resuming, :func:`restore` the
    checkpoint's server and client state. Nothing is written yet. Returns the
    :class:`~fedlightning.loop.run_state.RunState` the rounds consume.
+   A resume whose checkpoint already has ``loop.rounds`` rounds done stops here: it writes
+   nothing, so the run's ``config.yaml`` and results stay as they were.
 3. :func:`open_run`, inside the locked run directory: restore the RNG states of a resume, remove
-   stale temporaries and client state files, write ``config.yaml``, ``partition.csv`` and ``partition.png``, open the
-   loggers.
+   stale temporaries, take the client state folder and remove its stale files, write
+   ``config.yaml``, ``partition.csv`` and ``partition.png``, open the loggers.
 
 These functions read the loop's options and call its components (aggregator, backend, store,
 reporter); they assign none of the loop's attributes.
@@ -45,6 +47,7 @@ from fedlightning.loop.server_device import ServerDevice
 from fedlightning.privacy.checks import check_privacy
 from fedlightning.privacy.dp_sgd import DPSGD
 from fedlightning.run_config import config_yaml, resolved_config
+from fedlightning.tracking import check_wandb_folders
 from fedlightning.training import quiet_lightning
 
 if TYPE_CHECKING:
@@ -169,8 +172,8 @@ def prepare_run(
     per_round = clients_per_round(loop.clients_per_round, datamodule.num_clients, loop.min_clients)
     check_pairing(model, loop.aggregator, loop.precision)
     adversary, fit_config = prepare_attack(
-        loop.attack, loop.aggregator, loop.fit_config, datamodule.num_clients, per_round,
-        loop.rounds, loop.seed,
+        loop.attack, loop.aggregator, loop.backend, loop.fit_config, datamodule.num_clients,
+        per_round, loop.client_sampling, loop.seed,
     )  # fmt: skip
     classes = getattr(model, "num_classes", None)
     if classes is not None and classes < datamodule.num_classes:
@@ -197,6 +200,9 @@ def prepare_run(
     # not take over a directory holding another run's results (unless overwrite)
     resuming = bool(ckpt_path) and resumes_in(ckpt_path, loop.run_dir)
     check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
+    loop.store.check()  # a client state folder of its own: no link, no other live run's
+    if loop.reporter.wandb:
+        check_wandb_folders()  # W&B's own folders, outside the run directory
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
     identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
@@ -246,10 +252,10 @@ def restore(
             "resume from another checkpoint or start a new run"
         ) from None
     rounds_done = checkpoint["round"]
-    if rounds_done >= loop.rounds:
+    if rounds_done >= loop.rounds:  # FederatedLoop.fit then returns without writing anything
         log.warning(
-            "checkpoint has %d rounds done, loop.rounds=%d: nothing left to train",
-            rounds_done, loop.rounds,
+            "nothing to train: %s has %d round(s) done and loop.rounds=%d; %s is left as it was",
+            ckpt_path, rounds_done, loop.rounds, loop.run_dir,
         )  # fmt: skip
 
 

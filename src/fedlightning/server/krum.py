@@ -32,11 +32,13 @@ class MultiKrum(RobustAggregator):
     ``m = 1``: the upload with the lowest score becomes the model. Distances between whole
     uploads need every client to own the same keys: heterogeneous clients are refused.
 
-    ``f`` is ``byzantine``, or (``None``) the most malicious clients any round of the run holds
-    under ``loop.attack`` (0 without one), which start-up hands over
+    ``f`` is ``byzantine``, or (``None``) the most malicious clients a round of the run can
+    hold under ``loop.attack`` (0 without one), which start-up hands over
     (:meth:`check_byzantine`); start-up refuses ``n <= 2f + 2`` (Proposition 1) and an explicit
-    ``byzantine`` below the attack's f. A round left with ``n <= 2f + 2`` uploads by failed
-    clients is scored with ``max(n - f - 2, 1)`` neighbours and a warning.
+    ``byzantine`` below the attack's f. Under an attack, a round left with ``n <= 2f + 2``
+    uploads (failed clients, Poisson sampling) fails instead of aggregating
+    (:meth:`check_round_byzantine`); without one (an explicit ``byzantine``), it is scored with
+    ``max(n - f - 2, 1)`` neighbours and a warning.
 
     Args:
         byzantine: f, the malicious uploads a round may hold; ``null``: the run's attack's.
@@ -75,13 +77,19 @@ class MultiKrum(RobustAggregator):
                 f"{name} must assume f >= {byzantine} (null adopts the attack's)"
             )
         self.attack_byzantine = byzantine
+        self.check_round_byzantine(per_round, byzantine)
+
+    def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
+        """A round of ``uploads`` uploads, ``byzantine`` of them malicious (at most the f
+        :meth:`check_byzantine` adopted, the most a round can hold): Krum scores with that f, so
+        it needs ``n > 2f + 2`` and ``selected <= n - f`` for it, whatever this round holds."""
         f = self.assumed_byzantine
         if f:
-            require_krum(name, per_round, f)
-        if self.selected is not None and self.selected > per_round - f:
+            require_krum(type(self).__name__, uploads, f)
+        if self.selected is not None and self.selected > uploads - f:
             raise ConfigurationError(
                 f"loop.aggregator.init_args.selected={self.selected} exceeds n - f = "
-                f"{per_round} - {f}: {name} would have to average malicious uploads"
+                f"{uploads} - {f}: {type(self).__name__} would have to average malicious uploads"
             )
 
     def average(self, uploads: Sequence[Upload]) -> StateDict:
