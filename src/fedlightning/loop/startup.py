@@ -28,6 +28,7 @@ from fedlightning.clients.base import ClientModule
 from fedlightning.compute import PRECISIONS, Compute
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
+from fedlightning.determinism import check_deterministic
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.fit import trainer_reason
 from fedlightning.loop.byzantine import prepare_attack
@@ -78,10 +79,12 @@ def check_arguments(
     attack: Any,
     client_sampling: str,
     dp_sgd: Any,
+    deterministic: Any,
     **_: Any,
 ) -> None:
     """Check the FederatedLoop's arguments (the others are checked where they are used)."""
     check_seed(seed)
+    check_deterministic(deterministic)
     require(
         client_sampling in SAMPLINGS,
         "loop.client_sampling", client_sampling, f"one of {', '.join(SAMPLINGS)}",
