@@ -11,7 +11,7 @@ checks every import in ``src/fedlightning`` (typing-only and function-level impo
 layer  packages and top-level modules
 =====  ==========================================================================================
 0      errors seeding gc_tuning protocol placement metrics compute training state tracking
-       recorded_args optim_config signals torch_settings
+       recorded_args optim_config signals torch_settings determinism
 1      models data server analysis
 2      clients run_config attacks privacy
 3      fit

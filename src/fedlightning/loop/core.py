@@ -67,8 +67,8 @@ class FederatedLoop:
         local_epochs: local epochs E per client fit.
         local_steps: if set, train exactly this many optimizer steps per fit instead of epochs.
         aggregator: the server algorithm (default ``FedAvg()``).
-        backend: how a round's client fits run (default ``AutoBackend()``: sequential on the CPU,
-            the cohort on an accelerator where it applies; also ``SequentialBackend``,
+        backend: how a round's client fits run (default ``AutoBackend()``: the cohort where it
+            applies and measures clearly faster, else sequential; also ``SequentialBackend``,
             ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it,
             beyond the cohort's float rounding: with BatchNorm ResNets or dropout it agrees
             after a step, and over many rounds in distribution (:mod:`fedlightning.backends.base`).

@@ -10,10 +10,11 @@ same structure from the CLI and from Python) plus facts derived from the objects
   changed on disk shows here);
 - ``seed`` and ``client_state``: the loop's, as resolved;
 - ``backend_results``: whose numerics the backend's fits follow: ``sequential`` for
-  SequentialBackend, RayBackend and AutoBackend where it chose sequential (always on the CPU);
-  ``cohort`` for CohortBackend (its vmapped fits follow another floating-point trajectory, e.g.
-  with BatchNorm) and AutoBackend where it chose the cohort; ``flower`` for FlowerBackend; any
-  other backend its class path;
+  SequentialBackend, RayBackend and AutoBackend where it chose sequential; ``cohort`` for
+  CohortBackend (its vmapped fits follow another floating-point trajectory, e.g. with BatchNorm)
+  and AutoBackend where it chose the cohort (by measurement: a resumed AutoBackend takes the
+  checkpoint's path, docs/algorithms.md section 9.3); ``flower`` for FlowerBackend; any other
+  backend its class path;
 - ``library_version``: a different one only warns.
 
 A resume (:func:`compare_identity`) may change only the options that cannot change the result,

@@ -5,7 +5,8 @@
 2. :func:`prepare_run`, first in ``FederatedLoop.fit``: set up the data module, check that model,
    aggregator, precision, accelerator, backend and data fit together, resolve the run's device
    and precision once (:class:`~fedlightning.compute.Compute`), read ``ckpt_path``, check the
-   run directory, compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
+   run directory, let the backend settle what needs the data (``auto``'s measured choice, or the
+   resumed checkpoint's), compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
    aggregator from the model's initial weights and, when resuming, :func:`restore` the
    checkpoint's server and client state. Nothing is written yet. Returns the
    :class:`~fedlightning.loop.run_state.RunState` the rounds consume.
@@ -197,6 +198,9 @@ def prepare_run(
     # not take over a directory holding another run's results (unless overwrite)
     resuming = bool(ckpt_path) and resumes_in(ckpt_path, loop.run_dir)
     check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
+    stored = checkpoint.get("identity") if checkpoint is not None else None
+    recorded = stored.get("backend_results") if isinstance(stored, dict) else None
+    loop.backend.decide(model, datamodule, fit_config, compute, per_round, recorded)
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
     identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
