@@ -15,18 +15,7 @@ from fedlightning.backends.auto_probe import Timing, measure
 from fedlightning.clients import ClientModule, ScaffoldClient
 from fedlightning.compute import Compute
 from objective_helpers import SYNTHETIC
-
-
-class Manual(ClientModule):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.automatic_optimization = False
-
-
-class Scheduled(ClientModule):
-    def configure_optimizers(self):
-        optimizer = super().configure_optimizers()
-        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1)]
+from test_cohort import Manual, Scheduled
 
 
 def _data(num_clients=4):

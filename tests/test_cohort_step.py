@@ -123,11 +123,9 @@ MODELS = {
 }
 
 
-@pytest.mark.parametrize("make", list(MODELS.values()), ids=list(MODELS))
-def test_the_full_step_compiles_whole_and_equals_the_eager_step(make, tmp_path, on_third_full_step):
-    """``torch.compile(fullgraph=True)`` traces the whole step, the objective's ``local_loss``
-    through its round context included (``aot_eager`` runs the traced graph on eager kernels: the
-    same bits)."""
+def _compiled_against_eager(model, tmp_path, install, backend, epochs=2):
+    """The state after the third full step run eagerly and, from the same state, compiled whole
+    (``torch.compile(fullgraph=True)`` with ``backend``)."""
     results = {}
 
     def check(full, size, k, original):
@@ -136,14 +134,22 @@ def test_the_full_step_compiles_whole_and_equals_the_eager_step(make, tmp_path, 
         full.step.full(batch)
         results["eager"] = _state(full.step)[0]
         _restore(live, saved)
-        torch.compile(full.step.full, fullgraph=True, backend="aot_eager")(batch)
+        torch.compile(full.step.full, fullgraph=True, backend=backend)(batch)
         results["compiled"] = _state(full.step)[0]
 
-    calls = on_third_full_step(check)
+    calls = install(check)
     torch.manual_seed(0)
-    _fit(make(), tmp_path, local_epochs=2)
+    _fit(model, tmp_path, local_epochs=epochs)
     assert len(calls) > 3
-    eager, compiled = results["eager"], results["compiled"]
+    return results["eager"], results["compiled"]
+
+
+@pytest.mark.parametrize("make", list(MODELS.values()), ids=list(MODELS))
+def test_the_full_step_compiles_whole_and_equals_the_eager_step(make, tmp_path, on_third_full_step):
+    """``torch.compile(fullgraph=True)`` traces the whole step, the objective's ``local_loss``
+    through its round context included (``aot_eager`` runs the traced graph on eager kernels: the
+    same bits)."""
+    eager, compiled = _compiled_against_eager(make(), tmp_path, on_third_full_step, "aot_eager")
     assert eager.keys() == compiled.keys() and any(k.startswith("sum/") for k in eager)
     for key, value in eager.items():
         torch.testing.assert_close(compiled[key], value, rtol=0, atol=0, msg=key)
@@ -151,22 +157,10 @@ def test_the_full_step_compiles_whole_and_equals_the_eager_step(make, tmp_path, 
 
 @pytest.mark.slow  # inductor compiles C++ for the CPU: about a minute
 def test_the_full_step_compiles_with_inductor_to_float_rounding(tmp_path, on_third_full_step):
-    results = {}
-
-    def check(full, size, k, original):
-        batch = full.plan.batch(full.plan.full_rows[size][k])
-        saved, live = _state(full.step)
-        full.step.full(batch)
-        results["eager"] = _state(full.step)[0]
-        _restore(live, saved)
-        torch.compile(full.step.full, fullgraph=True)(batch)
-        results["compiled"] = _state(full.step)[0]
-
-    on_third_full_step(check)
-    torch.manual_seed(0)
-    _fit(MODELS["mlp-momentum"](), tmp_path)
-    for key, value in results["eager"].items():
-        torch.testing.assert_close(results["compiled"][key], value, msg=key)
+    model = MODELS["mlp-momentum"]()
+    eager, compiled = _compiled_against_eager(model, tmp_path, on_third_full_step, "inductor")
+    for key, value in eager.items():
+        torch.testing.assert_close(compiled[key], value, msg=key)
 
 
 @pytest.mark.parametrize("network", ["mlp", "cnn"])

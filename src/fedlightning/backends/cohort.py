@@ -140,15 +140,15 @@ class CohortBackend(Backend):
         for job in jobs:  # one cohort per architecture (state_dict key set), back to back
             groups.setdefault(frozenset(job.payload.weights), []).append(job)
         results: RoundResults = {}
-        for number, cohort in enumerate(groups.values()):
+        for number, (architecture, cohort) in enumerate(groups.items()):
             start = 0
             while start < len(cohort):  # chunks that fit in the device's memory
-                size = self.chunks.size(number, len(cohort) - start, self.device)
+                size = self.chunks.size(architecture, len(cohort) - start, self.device)
                 chunk = cohort[start : start + size]
                 seed = derive_seed(self.config.seed, "cohort", round_index, number)
                 if start:
                     seed = derive_seed(seed, "chunk", start)
-                with self.chunks.attempt(number, len(chunk), self.device) as fitted:
+                with self.chunks.attempt(architecture, len(chunk), self.device) as fitted:
                     results.update(self._run_cohort(round_index, seed, chunk))
                 if not fitted:
                     continue  # out of memory: the same clients again in a smaller chunk

@@ -13,7 +13,7 @@ rounding of the batched kernels and the dropout masks (seeded per chunk).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -42,13 +42,14 @@ class Attempt:
 
 
 class ChunkSizes:
-    """The chunk sizes of a run's cohorts, per architecture group (module docstring)."""
+    """The chunk sizes of a run's cohorts, per architecture group (any hashable key, e.g. its
+    state_dict keys; module docstring)."""
 
     def __init__(self) -> None:
         #: per group: the clients of the largest chunk that fitted and the free memory before it
-        self.fitted: dict[int, tuple[int, int]] = {}
+        self.fitted: dict[Hashable, tuple[int, int]] = {}
 
-    def size(self, group: int, remaining: int, device: torch.device) -> int:
+    def size(self, group: Hashable, remaining: int, device: torch.device) -> int:
         """The clients of the next chunk of ``group``, ``remaining`` clients left to train."""
         if group not in self.fitted:
             return remaining
@@ -57,7 +58,7 @@ class ChunkSizes:
         return max(1, min(remaining, int(clients * scale)))
 
     @contextmanager
-    def attempt(self, group: int, clients: int, device: torch.device) -> Iterator[Attempt]:
+    def attempt(self, group: Hashable, clients: int, device: torch.device) -> Iterator[Attempt]:
         """Train a chunk of ``clients`` clients of ``group`` in the block; running out of memory
         there halves the group's chunk size (the block's :class:`Attempt` stays false) unless the
         chunk is one client already."""
