@@ -54,6 +54,7 @@ SKIP = {
     "python benchmarks/overhead.py --accelerator cuda": "needs a GPU",
     "python benchmarks/scaling.py --accelerator cuda": "needs a GPU",
     "python benchmarks/gpu_check.py": "needs a GPU",
+    "python benchmarks/gpu_all.py": "needs a GPU; tests/test_gpu_all.py runs it tiny on the CPU",
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend "
     "--loop.backend.init_args.address 127.0.0.1:8000 --loop.backend.init_args.insecure true "
     "--loop.backend.init_args.secure_aggregation true": "needs the SuperLink and the two "

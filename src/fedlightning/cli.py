@@ -22,6 +22,7 @@ with gc_paused():  # see fedlightning.gc_tuning
     from fedlightning.clients.base import ClientModule
     from fedlightning.config_checks import check_repeated_options
     from fedlightning.data.datamodule import FederatedDataModule
+    from fedlightning.determinism import prepare_environment
     from fedlightning.errors import ConfigurationError, PluginError, RunStopped, StorageError
     from fedlightning.loop import ClientBug, FederatedLoop
     from fedlightning.signals import StopSignal, stop_on_signals
@@ -109,6 +110,8 @@ class FederatedCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         loop = self._get(self.config, "loop")
+        # before the model and data are built: cuBLAS reads it when CUDA starts
+        prepare_environment(loop.deterministic)
         if loop.run_dir is None:
             configs = self._get(self.config, "config") or []
             stem = Path(str(configs[-1])).stem if configs else "run"

@@ -21,6 +21,7 @@ from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.determinism import deterministic_compute, prepare_environment
 from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.loop.checkpoint import atomic_save, make_checkpoint, read_checkpoint
 from fedlightning.loop.checkpoint_writer import CheckpointWriter
@@ -68,8 +69,8 @@ class FederatedLoop:
         local_epochs: local epochs E per client fit.
         local_steps: if set, train exactly this many optimizer steps per fit instead of epochs.
         aggregator: the server algorithm (default ``FedAvg()``).
-        backend: how a round's client fits run (default ``AutoBackend()``: sequential on the CPU,
-            the cohort on an accelerator where it applies; also ``SequentialBackend``,
+        backend: how a round's client fits run (default ``AutoBackend()``: the cohort where it
+            applies and measures clearly faster, else sequential; also ``SequentialBackend``,
             ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it,
             beyond the cohort's float rounding: with BatchNorm ResNets or dropout it agrees
             after a step, and over many rounds in distribution (:mod:`fedlightning.backends.base`).
@@ -142,6 +143,11 @@ class FederatedLoop:
             ``fedlightning.privacy.ClientLevelDP`` needs (docs/algorithms.md section 7.1).
         dp_sgd: sample-level differential privacy in every client fit
             (:class:`fedlightning.privacy.DPSGD`, docs/algorithms.md section 7.2); null: off.
+        deterministic: ``true``: deterministic algorithms everywhere the run computes (torch's,
+            cuDNN's, cuBLAS's workspace), so that a seed repeats bit for bit on the GPU too; an op
+            without a deterministic implementation stops the run naming it; ``warn``: such an op
+            runs with a warning; ``false``: torch's fastest kernels (:mod:`fedlightning.
+            determinism`, docs/algorithms.md section 9.1). Part of the run's identity.
     """
 
     def __init__(
@@ -183,9 +189,11 @@ class FederatedLoop:
         attack: Attack | None = None,
         client_sampling: Literal["fixed", "poisson"] = "fixed",
         dp_sgd: DPSGD | None = None,
+        deterministic: bool | Literal["warn"] = True,
     ) -> None:
         self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
         check_arguments(**self.init_args)
+        prepare_environment(deterministic)  # cuBLAS reads it when CUDA starts: before any fit
         self.rounds = rounds
         self.clients_per_round = clients_per_round
         self.aggregator = aggregator if aggregator is not None else FedAvg()
@@ -196,7 +204,7 @@ class FederatedLoop:
             accelerator=accelerator, seed=seed, gradient_clip_val=gradient_clip_val,
             gradient_clip_algorithm=gradient_clip_algorithm, fit_with=fit_with,
             num_threads=num_threads, onednn=onednn,
-            dp_sgd=dp_sgd.settings() if dp_sgd is not None else None,
+            dp_sgd=dp_sgd.settings() if dp_sgd is not None else None, deterministic=deterministic,
         )  # fmt: skip
         self.client_sampling = client_sampling
         self.privacy = PrivacyReport(dp_sgd)
@@ -259,6 +267,7 @@ class FederatedLoop:
         with RunDirectory(self.run_dir, overwrite, resuming=run.resumes_in_place or self.overwrite):
             with (
                 cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
+                deterministic_compute(self.fit_config.deterministic),
                 quiet_lightning(),
                 stop_on_signals(),  # SIGINT and SIGTERM alike, Trainer fits included
             ):

@@ -5,7 +5,8 @@
 2. :func:`prepare_run`, first in ``FederatedLoop.fit``: set up the data module, check that model,
    aggregator, precision, accelerator, backend and data fit together, resolve the run's device
    and precision once (:class:`~fedlightning.compute.Compute`), read ``ckpt_path``, check the
-   run directory, compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
+   run directory, let the backend settle what needs the data (``auto``'s measured choice, or the
+   resumed checkpoint's), compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
    aggregator from the model's initial weights, build the scoring model (its networks copied
    before any fit, :mod:`fedlightning.loop.scoring_model`) and, when resuming, :func:`restore` the
    checkpoint's server and client state. Nothing is written yet. Returns the
@@ -31,6 +32,7 @@ from fedlightning.clients.base import ClientModule
 from fedlightning.compute import PRECISIONS, Compute
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
+from fedlightning.determinism import check_deterministic
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.fit import trainer_reason
 from fedlightning.loop.byzantine import prepare_attack
@@ -83,10 +85,12 @@ def check_arguments(
     attack: Any,
     client_sampling: str,
     dp_sgd: Any,
+    deterministic: Any,
     **_: Any,
 ) -> None:
     """Check the FederatedLoop's arguments (the others are checked where they are used)."""
     check_seed(seed)
+    check_deterministic(deterministic)
     require(
         client_sampling in SAMPLINGS,
         "loop.client_sampling", client_sampling, f"one of {', '.join(SAMPLINGS)}",
@@ -203,6 +207,9 @@ def prepare_run(
     loop.store.check()  # a client state folder of its own: no link, no other live run's
     if loop.reporter.wandb:
         check_wandb_folders()  # W&B's own folders, outside the run directory
+    stored = checkpoint.get("identity") if checkpoint is not None else None
+    recorded = stored.get("backend_results") if isinstance(stored, dict) else None
+    loop.backend.decide(model, datamodule, fit_config, compute, per_round, recorded)
     initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
     identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
