@@ -1,5 +1,6 @@
 """The front page of the ``fedlightning`` command: its subcommands, ``--version``, the usage that a
-bare ``fedlightning fit`` prints, and a help formatter that shows docstrings as plain terminal text.
+bare ``fedlightning fit`` prints, ``fedlightning list`` (:mod:`fedlightning.cli_catalog`), and a
+help formatter that shows docstrings as plain terminal text.
 
 Docstrings are written in reStructuredText (``code``, :func:`name`, :mod:`~a.b`); in a terminal
 the markup is noise, so :class:`PlainHelpFormatter` strips it from every description and option
@@ -10,14 +11,19 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 
 from jsonargparse import DefaultHelpFormatter
+
+from fedlightning.cli_catalog import KINDS, kind_named
+from fedlightning.errors import ConfigurationError, did_you_mean
 
 SUBCOMMANDS: dict[str, str] = {
     "fit": "federated training: rounds of client fits and aggregation, from a YAML config",
     "cofed": "CoFED's one-shot pipeline: pseudo labels on a public set, no rounds",
     "plot": "overlay a metric of run directories; --group-by NAME: mean +- std over seeds",
     "flower-app": "write a runnable Flower App (flwr run) from a config (the flower extra)",
+    "list": "what a config can name: objectives, aggregators, attacks, backends, models, data",
 }
 
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`~?([^`<]*?)(?:\s*<[^`>]*>)?`")
@@ -95,3 +101,24 @@ def print_fit_usage(file=None) -> None:
         "  fedlightning fit --help                                      # every option",
         file=file,
     )
+
+
+def print_catalog(titles: Sequence[str], file=None) -> None:
+    """``fedlightning list [KIND ...]``: each kind's short names (those the command line and
+    configs accept) with one line each; all kinds when ``titles`` is empty."""
+    unknown = [title for title in titles if kind_named(title) is None]
+    if unknown:
+        titles = [kind.title for kind in KINDS]
+        raise ConfigurationError(
+            f"fedlightning list {unknown[0]}: no such kind{did_you_mean(unknown[0], titles)} "
+            f"(all: {', '.join(titles)})"
+        )
+    file = file or sys.stdout
+    kinds = [kind_named(title) for title in titles] or list(KINDS)
+    width = max(len(name) for kind in kinds for name in kind.entries)
+    blocks = []
+    for kind in kinds:
+        lines = [f"{kind.title} ({kind.option} NAME):"]
+        lines += [f"  {name:<{width}}  {line}" for name, line in kind.entries.items()]
+        blocks.append("\n".join(lines))
+    print("\n\n".join(blocks), file=file)
