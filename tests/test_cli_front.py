@@ -71,6 +71,8 @@ def test_print_config_is_resolved(capsys):
     model = config["model"]["init_args"]
     assert (model["num_classes"], model["in_channels"], model["image_size"]) == (10, 1, 8)
     assert config["data"]["seed"] == 3 and config["data"]["num_clients"] == 7
+    # what runs where the config says nothing: the loop's AutoBackend, not `null`
+    assert config["loop"]["backend"]["class_path"] == "fedlightning.backends.AutoBackend"
 
 
 def test_print_config_without_data_says_why(capsys):

@@ -91,6 +91,22 @@ CASES = {
         ["fit", "-c", "configs/quickstart.yml"],
         "-c 'configs/quickstart.yml' does not exist; the closest: configs/quickstart.yaml",
     ),
+    "seeds and fast_dev_run": (
+        [*QUICKSTART, "--seeds", "0", "1", "--fast_dev_run"],
+        "--fast_dev_run is a run of its own: it takes no --seeds and no --ckpt_path",
+    ),
+    "seeds and a seed": (
+        [*QUICKSTART, "--seeds", "0", "1", "--loop.seed", "3"],
+        "--seeds starts one run per seed: it takes no --loop.seed and no --ckpt_path",
+    ),
+    "seeds that are no integers": (
+        [*QUICKSTART, "--seeds", "a", "b"],
+        "--seeds takes integers, got 'a b'",
+    ),
+    "repeated seeds": (
+        [*QUICKSTART, "--seeds", "1", "1"],
+        "--seeds takes distinct integers >= 0 (--seeds 0 1 2), got ['1', '1']",
+    ),
     "unknown subcommand": (
         ["fitt", "-c", "configs/quickstart.yaml"],
         "'fitt' is not a subcommand; the closest: fit (all: fit, cofed, plot, flower-app, list",

@@ -90,19 +90,23 @@ def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
         elif argv[0] == "flower-app":
             from fedlightning.flower_app.export import main as command
         else:
-            from fedlightning import cli_fit
+            from fedlightning import cli_fit, cli_runs
 
             cli_fit.import_named_classes()  # before the freeze: they live as long as the process
     if args is None:  # the `fedlightning` process itself (not a call from Python, e.g. a test)
         freeze_imported()  # its imports live as long as it does (fedlightning.gc_tuning)
     if argv[0] != "fit":
         command(argv[1:])
-    elif "--print_config" in argv:  # with =flags: jsonargparse's
-        rest = [a for a in argv if a != "--print_config"]
+        return
+    options = cli_runs.run_options(argv)  # --seeds, --fast_dev_run
+    if "--print_config" in argv:  # with =flags: jsonargparse's
+        rest = [a for a in options.args if a != "--print_config"]
         sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
         cli_fit.fit_command(rest, print_config=True)
-    else:
+    elif options.plain:
         cli_fit.fit_command(args, grid=grid)
+    else:
+        cli_runs.run(options)
 
 
 def __getattr__(name: str) -> Any:

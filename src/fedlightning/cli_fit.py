@@ -27,6 +27,7 @@ from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.gc_tuning import gc_paused
 from fedlightning.loop import ClientBug, FederatedLoop
+from fedlightning.run_config import plain
 
 #: the model's sizes, linked from the data module
 LINKED_SIZES = ("num_classes", "in_channels", "image_size")
@@ -37,13 +38,21 @@ class FederatedCLI(LightningCLI):
 
     ``grid``: the Flower Grid of the ServerApp running this command
     (:mod:`fedlightning.flower_app.server`), handed to its ``FlowerBackend(address=None)``.
+    ``subdirectory``: the run goes to ``<run_dir>/<subdirectory>`` (one of several seeds:
+    :mod:`fedlightning.cli_runs`).
     """
 
     def __init__(
-        self, args: Any = None, print_config: bool = False, grid: Any = None, **kwargs: Any
+        self,
+        args: Any = None,
+        print_config: bool = False,
+        grid: Any = None,
+        subdirectory: str | None = None,
+        **kwargs: Any,
     ) -> None:
         self.print_resolved_config = print_config
         self.grid = grid
+        self.subdirectory = subdirectory
         self.parsers: list[LightningArgumentParser] = []  # init_parser's, for error messages
         # a parse error is raised (and said in one line by parse_arguments), not printed by
         # jsonargparse with the usage
@@ -131,6 +140,8 @@ class FederatedCLI(LightningCLI):
             configs = self._get(self.config, "config") or []
             stem = Path(str(configs[-1])).stem if configs else "run"
             loop.run_dir = str(Path("runs") / stem)
+        if self.subdirectory is not None:
+            loop.run_dir = str(Path(loop.run_dir) / self.subdirectory)
 
     def instantiate_trainer(self, **kwargs: Any) -> FederatedLoop:
         config = {**self._get(self.config_init, "loop", default={}), **kwargs}
@@ -161,13 +172,17 @@ class FederatedCLI(LightningCLI):
     def resolved_config(self) -> str:
         """The config as YAML with every default, link target and ``run_dir`` filled in (the
         model's sizes are read from the instantiated data module: jsonargparse applies those links
-        to the objects only, so the parsed config still holds the defaults)."""
-        config = self.config[self.subcommand] if self.subcommand else self.config
+        to the objects only, so the parsed config still holds the defaults), and the aggregator
+        and backend the loop made where the config left them ``null`` (``AutoBackend``...)."""
+        config = (self.config[self.subcommand] if self.subcommand else self.config).clone()
         datamodule = getattr(self, "datamodule", None)
         if datamodule is not None:
-            config = config.clone()
             for attribute in LINKED_SIZES:
                 config[f"model.init_args.{attribute}"] = getattr(datamodule, attribute)
+        loop = getattr(self, "trainer", None)
+        for name in ("aggregator", "backend"):
+            if loop is not None and config[f"loop.{name}"] is None:
+                config[f"loop.{name}"] = plain(getattr(loop, name))
         return self._parser(self.subcommand).dump(config, skip_none=False, skip_link_targets=False)
 
     def before_fit(self) -> None:
@@ -193,11 +208,12 @@ def import_named_classes() -> None:
                 getattr(importlib.import_module(module), name)
 
 
-def fit_command(args: list[str] | None, print_config: bool = False, grid: Any = None) -> None:
-    """``fedlightning fit ...`` (``args`` None: the process's arguments). A round where every
-    client failed alike (a bug, :class:`~fedlightning.loop.ClientBug`) stops the run as
-    ``loop.on_round_failure: stop`` does: :class:`~fedlightning.errors.RunStopped`."""
+def fit_command(args: list[str] | None, **options: Any) -> FederatedCLI:
+    """``fedlightning fit ...`` (``args`` None: the process's arguments; ``options``: those of
+    :class:`FederatedCLI`). A round where every client failed alike (a bug,
+    :class:`~fedlightning.loop.ClientBug`) stops the run as ``loop.on_round_failure: stop`` does:
+    :class:`~fedlightning.errors.RunStopped`."""
     try:
-        FederatedCLI(args=args, print_config=print_config, grid=grid)
+        return FederatedCLI(args=args, **options)
     except ClientBug as bug:
         raise RunStopped(str(bug)) from None
