@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlightning import ClientModule, FederatedDataModule, FederatedLoop, __version__
+from fedlightning import (
+    ClientModule,
+    ConfigurationError,
+    FederatedDataModule,
+    FederatedLoop,
+    __version__,
+)
 from fedlightning.cli import main
 from fedlightning.cli_help import SUBCOMMANDS, plain
 
@@ -97,6 +103,27 @@ def test_python_api_run_writes_config_yaml(tmp_path):
     assert config["model"]["class_path"] == "fedlightning.clients.ClientModule"
     assert config["model"]["init_args"]["network"] == "mlp"
     assert config["data"]["num_clients"] == 4 and config["data"]["seed"] == 1
+
+
+def test_a_second_python_api_run_is_refused_with_the_python_api_s_advice(tmp_path):
+    """The README's Python block run twice: the refusal names the Python arguments that resume,
+    replace or move the run, not the command-line options."""
+
+    def run():
+        data = FederatedDataModule(dataset="digits", num_clients=4, partition="iid", seed=1)
+        model = ClientModule(network="mlp", num_classes=10, in_channels=1, image_size=8)
+        loop = FederatedLoop(rounds=1, clients_per_round=2, run_dir=str(tmp_path / "api"),
+                             progress_bar=False, plots=False)  # fmt: skip
+        loop.fit(model, datamodule=data)
+
+    run()
+    with pytest.raises(ConfigurationError) as refused:
+        run()
+    message = str(refused.value)
+    assert message.startswith(f"run_dir={str(tmp_path / 'api')!r} already holds another run's")
+    assert f"fit(..., ckpt_path={str(tmp_path / 'api' / 'last.ckpt')!r})" in message
+    assert "FederatedLoop(..., overwrite=True), or give FederatedLoop another run_dir" in message
+    assert "--" not in message
 
 
 def test_cli_run_keeps_its_parsed_config(cli, tmp_path):
