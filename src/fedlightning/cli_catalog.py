@@ -38,14 +38,12 @@ class Kind:
         return f"{self.modules[name]}.{name}"
 
 
-def _classes(module: str, entries: dict[str, str], **more: tuple[str, str]) -> tuple[dict, dict]:
-    """``(entries, modules)``: ``entries`` all from ``module``, each of ``more`` as
-    ``name=(module, line)``."""
-    modules = dict.fromkeys(entries, module)
-    for name, (other, line) in more.items():
-        entries = {**entries, name: line}
-        modules[name] = other
-    return entries, modules
+def _classes(
+    module: str, entries: dict[str, str], elsewhere: dict[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``(entries, modules)``: each class of ``entries`` in ``module`` unless ``elsewhere`` names
+    its module."""
+    return entries, {name: (elsewhere or {}).get(name, module) for name in entries}
 
 
 _OBJECTIVES = _classes("fedlightning.clients", {
@@ -69,19 +67,17 @@ _AGGREGATORS = _classes("fedlightning.server", {
     "GeometricMedian": "RFA: the weighted geometric median of the uploads (smoothed Weiszfeld)",
     "CenteredClipping": "client updates clipped around the last aggregate update (radius)",
     "NormBound": "FedAvg of the client updates clipped to an L2 norm bound (max_norm)",
-}, ClientLevelDP=(
-    "fedlightning.privacy",
-    "client-level DP (DP-FedAvg) around FedAvg, FedAvgM or FedAdam; the privacy extra",
-))  # fmt: skip
+    "ClientLevelDP": "client-level DP (DP-FedAvg) around FedAvg, FedAvgM or FedAdam; the privacy extra",
+}, elsewhere={"ClientLevelDP": "fedlightning.privacy"})  # fmt: skip
 _ATTACKS = _classes("fedlightning.attacks", {
-    "LabelFlip": "malicious clients train on the labels C - 1 - y",
-    "SignFlip": "a malicious update u is replaced by -s u",
-    "Scaling": "a malicious update is scaled by gamma (model replacement)",
-    "GaussianNoise": "a malicious upload is the received model plus Gaussian noise",
-    "ALIE": "'a little is enough': uploads z standard deviations from the round's mean update",
+    "LabelFlip": "malicious clients train on the labels C - 1 - y (fraction or clients)",
+    "SignFlip": "a malicious update u is replaced by -scale u",
+    "Scaling": "a malicious update is multiplied by factor (model replacement)",
+    "GaussianNoise": "a malicious upload is the received model plus N(0, sigma^2) noise",
+    "ALIE": "'a little is enough': uploads z standard deviations off the round's mean update",
 })  # fmt: skip
 _BACKENDS = _classes("fedlightning.backends", {
-    "AutoBackend": "the default: the cohort where it applies and is faster, else sequential",
+    "AutoBackend": "the default: CohortBackend or SequentialBackend, chosen per run (it says why)",
     "SequentialBackend": "one client fit after another",
     "CohortBackend": "every sampled client at once with torch.func.vmap",
     "RayBackend": "long-lived Ray actors on this machine or a cluster; the ray extra",

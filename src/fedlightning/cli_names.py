@@ -60,7 +60,9 @@ def parse_error_line(message: str, options: Sequence[str] = ()) -> str:
         return f"{message.strip()}{hint} (fedlightning fit --help lists them)"
     if bad_path := _BAD_PATH.search(message):
         path, why = bad_path.groups()
-        return f"{key}: {path} cannot be imported ({why}){_names_hint(path, kind)}"
+        return (
+            f"{key}: {path} cannot be imported ({why}){_closest_of(path.rsplit('.', 1)[-1], kind)}"
+        )
     if (names := _BAD_NAME.findall(message)) and not _NOT_ACCEPTED.search(message):
         name = next(group for group in names[-1] if group)
         return f"{key}: {_misplaced(name.rsplit('.', 1)[-1], kind) or _unknown(name, kind)}"
@@ -94,10 +96,6 @@ def _unknown(name: str, kind: Kind | None) -> str:
     if kind is None:
         return f"{name} is not a class that can be imported: give its full class path"
     return f"no {kind.what} is called {name}{_closest_of(name, kind, own='.' not in name)}"
-
-
-def _names_hint(path: str, kind: Kind | None) -> str:
-    return _closest_of(path.rsplit(".", 1)[-1], kind)
 
 
 def _closest_of(name: str, kind: Kind | None, own: bool = False) -> str:

@@ -17,7 +17,8 @@ single seed prints its value alone), and draws ``<run_dir>/seeds.png`` (the mean
 ``RayBackend`` they run in parallel as Ray tasks instead (each holding the backend's
 ``num_cpus_per_client`` and ``num_gpus_per_client``), each seed's clients fitting one after another
 inside its task (``SequentialBackend``, which gives RayBackend's results bit for bit), so a cluster
-runs as many seeds at once as it has room for.
+runs as many seeds at once as it has room for. The statistics and the smoke test's decisions:
+docs/algorithms.md section 6.
 """
 
 from __future__ import annotations
