@@ -16,7 +16,7 @@ from fedlightning import (
     __version__,
 )
 from fedlightning.cli import main
-from fedlightning.cli_help import SUBCOMMANDS, plain
+from fedlightning.cli_help import FIT_EPILOG, SUBCOMMANDS, plain
 
 ROOT = Path(__file__).parents[1]
 RST = re.compile(r"``|:(func|class|mod|meth|attr):")
@@ -43,6 +43,13 @@ def test_help_lists_every_subcommand_and_version(capsys):
 def test_bare_fit_points_at_configs(capsys):
     code, _, err = run_main(capsys, "fit")
     assert code == 2 and "configs/quickstart.yaml" in err and "fit.model" not in err
+    assert "--fast_dev_run" in err and "--seeds 0 1 2" in err
+
+
+def test_fit_help_ends_with_the_options_fedlightning_adds(capsys):
+    code, out, _ = run_main(capsys, "fit", "--help")
+    assert code == 0
+    assert " ".join(out.split()[-30:]).endswith(" ".join(FIT_EPILOG.split()[-30:]))
 
 
 @pytest.mark.parametrize("command", ["fit", "cofed", "plot", "flower-app"])

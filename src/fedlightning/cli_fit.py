@@ -20,7 +20,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from fedlightning.cli_catalog import KINDS
 from fedlightning.cli_errors import configuration_error
-from fedlightning.cli_help import PlainHelpFormatter
+from fedlightning.cli_help import FIT_EPILOG, PlainHelpFormatter
 from fedlightning.cli_names import parse_error_line
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
@@ -59,7 +59,11 @@ class FederatedCLI(LightningCLI):
         readable = {"formatter_class": PlainHelpFormatter, "exit_on_error": False}
         kwargs.setdefault(
             "parser_kwargs",
-            {"prog": "fedlightning", **readable, "fit": {"prog": "fedlightning fit", **readable}},
+            {
+                "prog": "fedlightning",
+                **readable,
+                "fit": {"prog": "fedlightning fit", "epilog": FIT_EPILOG, **readable},
+            },
         )
         import_named_classes()
         kwargs.setdefault("model_class", ClientModule)

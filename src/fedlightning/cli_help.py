@@ -90,14 +90,26 @@ def print_overview(file=None) -> None:
     print("\n".join(lines), file=file)
 
 
+#: the options ``fedlightning fit`` takes besides its parser's (:mod:`fedlightning.cli_runs`), the
+#: end of ``fedlightning fit --help``
+FIT_EPILOG = (
+    "fedlightning fit also takes --fast_dev_run (a smoke test: one round, 2 batches per client, "
+    "nothing kept) and --seeds S [S ...] (a run per seed into RUN_DIR/seed_S, then mean ± std); "
+    "fedlightning list names every objective, aggregator, attack, backend, model and data set."
+)
+
+
 def print_fit_usage(file=None) -> None:
     """What a bare ``fedlightning fit`` prints (to stderr; the command exits with status 2)."""
     file = file or sys.stderr
     print(
-        "usage: fedlightning fit -c CONFIG [--GROUP.OPTION VALUE ...]\n"
+        "usage: fedlightning fit -c CONFIG [--GROUP.OPTION VALUE ...] [--fast_dev_run] "
+        "[--seeds S [S ...]]\n"
         "fedlightning fit: a config is needed; the ready ones are under configs/, e.g.\n"
         "  fedlightning fit -c configs/quickstart.yaml\n"
         "  fedlightning fit -c configs/quickstart.yaml --print_config   # the config as it will run\n"
+        "  fedlightning fit -c configs/quickstart.yaml --fast_dev_run   # does it run? nothing kept\n"
+        "  fedlightning fit -c configs/quickstart.yaml --seeds 0 1 2    # a run per seed, mean ± std\n"
         "  fedlightning fit --help                                      # every option",
         file=file,
     )
