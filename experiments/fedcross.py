@@ -35,6 +35,7 @@ import argparse
 import csv
 import logging
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -53,7 +54,8 @@ from fedlightning.server import FedAvg, FedCross
 
 ALPHAS = (0.5, 0.9, 0.99, 0.999)
 RULES = ("lowest_similarity", "in_order", "highest_similarity")
-console = Console()
+#: off a terminal (a log file, a pipe) lines and tables keep their full width, not 80 columns
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,11 @@ def run_cofed(run_dir: Path, *args: str, config: str = "cofed_tiny.yaml") -> lis
         return list(csv.DictReader(handle))
 
 
-def test_image_pipeline_through_the_cli_writes_the_report(tmp_path):
+def test_image_pipeline_through_the_cli_writes_the_report(tmp_path, capsys):
     threads = torch.get_num_threads()
     rows = run_cofed(tmp_path / "run")
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("CoFED:")]
+    assert line.endswith(f"run directory {tmp_path / 'run'}")  # off a terminal: not 80 columns
     assert torch.get_num_threads() == threads  # num_threads: 1 is restored after the run
     run = tmp_path / "run"
     assert len(rows) == 4

@@ -38,7 +38,10 @@ COMMANDS = readme_commands()
 
 def test_readme_has_the_front_door_commands():
     joined = "\n".join(COMMANDS)
-    for expected in ("fedlightning --help", "fedlightning --version", "--group-by", "huggingface"):
+    for expected in (
+        "fedlightning --help", "fedlightning --version", "--group-by", "huggingface",
+        "fedlightning list", "--fast_dev_run", "--seeds 0 1 2", "--loop.aggregator FedAvgM",
+    ):  # fmt: skip
         assert expected in joined
 
 
@@ -48,6 +51,8 @@ def _run_dir_written(words: list[str]) -> str | None:
     if words[:1] == ["PYTHONPATH=."]:
         words = words[1:]
     if words[1:2] not in (["fit"], ["cofed"]) or {"--help", "--print_config"} & set(words):
+        return None
+    if "--fast_dev_run" in words:  # its directory is a temporary one, deleted after
         return None
     flag = "--loop.run_dir" if words[1] == "fit" else "--run_dir"
     if flag in words:  # the last one counts, as for the parser

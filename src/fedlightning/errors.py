@@ -1,7 +1,9 @@
 """Errors the library raises: bad user input, stopped runs, storage failures, lost workers."""
 
+import difflib
 import errno
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -17,6 +19,29 @@ def require(ok: bool, option: str, value: object, allowed: str) -> None:
     """Raise ``ConfigurationError("<option>=<value> is not allowed: expected <allowed>")`` unless ``ok``."""
     if not ok:
         raise ConfigurationError(f"{option}={value!r} is not allowed: expected {allowed}")
+
+
+def closest(name: str, choices: Sequence[str], n: int = 3) -> list[str]:
+    """The ``n`` choices closest to ``name``, case ignored: those it begins, then by difflib's
+    ratio (at least 0.6)."""
+    lowered = {choice.lower(): choice for choice in choices}
+    key = name.lower()
+    near = [c for c in lowered if c.startswith(key) and c != key]
+    near += difflib.get_close_matches(key, list(lowered), n, 0.6)
+    return [lowered[c] for c in dict.fromkeys(near)][:n]
+
+
+def did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """``"; the closest: a, b"`` (nothing when no choice is close)."""
+    near = closest(name, choices)
+    return f"; the closest: {', '.join(near)}" if near else ""
+
+
+def unknown_name(what: str, name: str, choices: Sequence[str]) -> ConfigurationError:
+    """``unknown <what> '<name>': choose one of <choices>; the closest: ...``."""
+    return ConfigurationError(
+        f"unknown {what} {name!r}: choose one of {', '.join(choices)}{did_you_mean(name, choices)}"
+    )
 
 
 class RunStopped(RuntimeError):

@@ -147,7 +147,8 @@ class CoFED:
         self.console.print(
             f"[bold]CoFED[/]: {n} participants, mean local acc {result.summary['mean_local_acc']:.4f}, "
             f"mean CoFED acc {result.summary['mean_cofed_acc']:.4f}, mean relative acc "
-            f"{result.summary['mean_relative_acc']:.4f}; run directory {self.run_dir}"
+            f"{result.summary['mean_relative_acc']:.4f}; run directory {self.run_dir}",
+            soft_wrap=True,  # one line however narrow the terminal (or 80 columns off one)
         )
         return result
 

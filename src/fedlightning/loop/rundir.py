@@ -61,13 +61,15 @@ def check_run_dir(
     resuming: bool = False,
     overwrite: bool = False,
     min_free_bytes: int = MIN_FREE_BYTES,
+    python: bool = False,
 ) -> Path:
     """Check ``run_dir`` can hold a new run, writing nothing; return it as a Path.
 
     Refused (:class:`ConfigurationError` naming ``option``): an empty path; a path that is a file
     or lies under one; a directory (or nearest existing parent) that is not writable or has less
     than ``min_free_bytes`` free; a directory locked by a live run; a directory holding another
-    run's results unless ``resuming`` or ``overwrite``.
+    run's results unless ``resuming`` or ``overwrite`` (the advice is command-line options, or
+    with ``python`` the Python API's arguments).
     """
     if run_dir is None or not str(run_dir).strip():
         raise ConfigurationError(
@@ -103,7 +105,7 @@ def check_run_dir(
             "end or choose another directory"
         )
     _refuse_foreign(path, option, resuming, ran_here=(path / LOCK_NAME).exists())
-    _refuse_results(path, option, resuming, overwrite)
+    _refuse_results(path, option, resuming, overwrite, python)
     return path
 
 
@@ -157,22 +159,29 @@ def _refuse_long_names(path: Path, option: str) -> None:
             )
 
 
-def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) -> None:
+def _refuse_results(
+    path: Path, option: str, resuming: bool, overwrite: bool, python: bool = False
+) -> None:
     results = [name for name in RESULT_FILES if (path / name).exists()]
     if results and not (resuming or overwrite):
+        # only a run with a checkpoint resumes (CoFED's one-shot runs have none)
+        checkpoint = path / "last.ckpt" if (path / "last.ckpt").exists() else None
+        held = f"{option}={str(path)!r} already holds another run's results ({', '.join(results)})"
+        if python:  # FederatedLoop(run_dir=...).fit(...)
+            resume = (
+                f"resume it with fit(..., ckpt_path={str(checkpoint)!r}), " if checkpoint else ""
+            )
+            raise ConfigurationError(
+                f"{held}: {resume}replace it with FederatedLoop(..., overwrite=True), or give "
+                "FederatedLoop another run_dir"
+            )
         flag = (
             "--overwrite" if option == "run_dir" else f"--{option.replace('run_dir', 'overwrite')}"
         )
-        # only a run with a checkpoint resumes (CoFED's one-shot runs have none)
-        resume = (
-            f"resume it with --ckpt_path {path / 'last.ckpt'}, "
-            if (path / "last.ckpt").exists()
-            else ""
-        )
+        resume = f"resume it with --ckpt_path {checkpoint}, " if checkpoint else ""
         raise ConfigurationError(
-            f"{option}={str(path)!r} already holds another run's results "
-            f"({', '.join(results)}): {resume}replace it with {flag} true, or choose another "
-            f"directory (--{option} DIR)"
+            f"{held}: {resume}replace it with {flag} true, or choose another directory "
+            f"(--{option} DIR)"
         )
 
 

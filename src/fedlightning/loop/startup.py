@@ -203,7 +203,10 @@ def prepare_run(
     # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
     # not take over a directory holding another run's results (unless overwrite)
     resuming = bool(ckpt_path) and resumes_in(ckpt_path, loop.run_dir)
-    check_run_dir(loop.run_dir, resuming=resuming, overwrite=loop.overwrite)
+    # the advice names the API the run came from: the CLI hands the loop its config text
+    python = loop.config_text is None
+    option = "run_dir" if python else "loop.run_dir"
+    check_run_dir(loop.run_dir, option, resuming, loop.overwrite, python=python)
     loop.store.check()  # a client state folder of its own: no link, no other live run's
     if loop.reporter.wandb:
         check_wandb_folders()  # W&B's own folders, outside the run directory
