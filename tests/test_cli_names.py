@@ -109,7 +109,7 @@ CASES = {
     ),
     "unknown subcommand": (
         ["fitt", "-c", "configs/quickstart.yaml"],
-        "'fitt' is not a subcommand; the closest: fit (all: fit, cofed, plot, flower-app, list",
+        "'fitt' is not a subcommand; the closest: fit (all: fit, cofed, plot, test, flower-app, list",
     ),
 }
 
