@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test test-all bench bench-peers lint clean
+.PHONY: help install demo test test-all notebooks bench bench-peers lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -24,6 +24,10 @@ test: install  ## the test suite without the tests marked slow (CPU, tiny data, 
 
 test-all: install  ## every test, including those marked slow (Ray, SIGKILL resume, notebooks)
 	$(PY) -m pytest -m "slow or not slow"
+
+notebooks: install  ## run every notebook at full size; each copy with its outputs goes to notebooks/runs/<name>.ipynb (notebook 01: 30 CPU-s)
+	mkdir -p notebooks/runs
+	$(VENV)/bin/jupyter execute --output='runs/{notebook_name}' notebooks/*.ipynb
 
 bench: install  ## loop overhead against a hand-written PyTorch loop, and scaling tables
 	$(PY) benchmarks/overhead.py --threads 1 --repeats 3

@@ -66,7 +66,7 @@ CASES = [
     (["--loop.run_dir", "   "], r"loop.run_dir='   ' is not allowed"),
     (["--loop.run_dir", "{made}/file.txt"], r"loop.run_dir='.*file.txt' is a file"),
     (["--loop.run_dir", "{made}/file.txt/sub"], r"loop.run_dir='.*sub' lies under the file"),
-    (["--loop.run_dir", "{made}/done"], r"already holds another run's results \(metrics.csv, last.ckpt, global.pt\).*--loop.overwrite true"),
+    (["--loop.run_dir", "{made}/done"], r"already holds another run's results \(metrics.csv, last.ckpt, global.pt, models.pt\).*--loop.overwrite true"),
     (["--loop.run_dir", "{made}/done", "--ckpt_path", "{made}/copied.ckpt"], r"already holds another run's results"),
     (["--loop.log_every", "0"], r"loop.log_every=0 .*>= 1"),
     (["--loop.max_skipped_fraction", "1.5"], r"loop.max_skipped_fraction=1.5 .*\[0, 1\]"),

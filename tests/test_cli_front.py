@@ -27,9 +27,9 @@ def run_main(capsys, *args):
 def test_help_lists_every_subcommand_and_version(capsys):
     code, out, _ = run_main(capsys, "--help")
     assert code == 0
-    for name in ("fit", "cofed", "plot", "flower-app"):
+    for name in ("fit", "cofed", "plot", "flower-app", "test"):
         assert re.search(rf"^  {name}\s+\S", out, re.M), out
-    assert set(SUBCOMMANDS) == {"fit", "cofed", "plot", "flower-app"}
+    assert set(SUBCOMMANDS) == {"fit", "cofed", "plot", "flower-app", "test"}
     code, out, _ = run_main(capsys, "--version")
     assert code == 0 and out.strip() == f"fedlightning {__version__}"
 

@@ -73,7 +73,7 @@ def test_the_group_by_forms_the_help_shows(runs, capsys):
          ["{d}/mu0.1", "-c", "{d}/opts.yaml"], r"-c '.*opts.yaml' is not UTF-8 text: byte 0xe9 at line 1, column 12"),
         (lambda d: None, ["{d}/mu0.1", "-c", "{d}/missing.yaml"], r"-c '.*missing.yaml' cannot be read: No such file"),
         (lambda d: None, ["{d}/mu0.01", "{d}/later", "--group-by", "mu"],
-         r"mu=0.01: no round at which .*mu0.01, .*later all have a test_acc value, so there is nothing to draw"),
+         r"μ = 0.01: no round at which .*mu0.01, .*later all have a test_acc value, so there is nothing to draw"),
         (lambda d: (d / "mu0.1" / "metrics.csv").write_text("round,test_acc\n1,\n"),
          ["{d}/mu0.1"], r"mu0.1/metrics.csv has no row with both test_acc and round$"),
     ],

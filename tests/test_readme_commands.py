@@ -84,6 +84,8 @@ def test_readme_command_resolves(command, capsys, monkeypatch, tmp_path):
     args = words[1:]
     if args[:1] == ["plot"]:
         pytest.skip("fedlightning plot reads run directories: tests/test_plots_scale.py runs it")
+    if args[:1] == ["test"]:
+        pytest.skip("fedlightning test reads a run directory: tests/test_rescore.py runs it")
     if "--ckpt_path" in args:
         pytest.skip("resuming needs a checkpoint: tests/test_resume_all.py resumes every config")
     monkeypatch.chdir(ROOT)

@@ -39,6 +39,8 @@ README = (ROOT / "README.md").read_text()
 SKIP = {
     "make test": "the default test suite: `make test` runs it on its own (this test is part of "
     "the slow suite, `make test-all`)",
+    "make notebooks": "every notebook at full size; tests/test_notebooks.py executes the same "
+    "notebooks at tiny size",
     "fedlightning fit -c configs/quickstart.yaml --data.dataset huggingface": "needs Hugging "
     "Face data sets saved under data/ (none on this machine); tests/test_hf_data.py trains the "
     "same options on tiny save_to_disk stand-ins, tests/test_readme_commands.py parses these",

@@ -11,7 +11,7 @@ checks every import in ``src/fedlightning`` (typing-only and function-level impo
 layer  packages and top-level modules
 =====  ==========================================================================================
 0      errors seeding gc_tuning protocol placement metrics compute training state tracking
-       recorded_args optim_config signals torch_settings fingerprint
+       recorded_args optim_config signals torch_settings fingerprint scoring
 1      models data server analysis
 2      clients run_config attacks privacy
 3      fit
@@ -19,7 +19,8 @@ layer  packages and top-level modules
 5      backends
 6      loop
 7      cofed
-entry  cli cli_errors cli_help cofed.cli flower_app.server flower_app.__main__ fedlightning
+entry  cli cli_errors cli_help cli_scoring cofed.cli flower_app.server flower_app.__main__
+       fedlightning
 =====  ==========================================================================================
 
 Entry points (the commands, the Flower ServerApp, this package root) may import anything; no

@@ -112,6 +112,9 @@ class FederatedCLI(LightningCLI):
             configs = self._get(self.config, "config") or []
             stem = Path(str(configs[-1])).stem if configs else "run"
             loop.run_dir = str(Path("runs") / stem)
+        from fedlightning.loop.logger_outputs import name_tensorboard_runs
+
+        name_tensorboard_runs(loop.loggers, loop.run_dir)  # a resume continues its TensorBoard run
 
     def instantiate_trainer(self, **kwargs: Any) -> FederatedLoop:
         config = {**self._get(self.config_init, "loop", default={}), **kwargs}
@@ -168,7 +171,8 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
     """Entry point of the ``fedlightning`` command; ``fedlightning plot ...`` overlays runs
     (:func:`fedlightning.analysis.plots.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
     pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop;
-    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`).
+    ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`);
+    ``fedlightning test RUN_DIR`` scores a run's saved models (:mod:`fedlightning.cli_scoring`).
     ``grid``: a Flower ServerApp's Grid for ``fit`` with ``FlowerBackend(address=None)``
     (:mod:`fedlightning.flower_app.server`)."""
     if args is None:  # the `fedlightning` process itself (not a call from Python, e.g. a test)
@@ -208,7 +212,7 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
 
 def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
     if argv[:1] == ["plot"]:
-        from fedlightning.analysis.plots import plot_command
+        from fedlightning.analysis.plot_command import plot_command
 
         plot_command(argv[1:])
     elif argv[:1] == ["cofed"]:
@@ -219,6 +223,10 @@ def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
         rest = [a for a in argv if a != "--print_config"]
         sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
         FederatedCLI(args=rest, print_config=True)
+    elif argv[:1] == ["test"]:
+        from fedlightning.cli_scoring import test_command
+
+        test_command(argv[1:])
     elif argv[:1] == ["flower-app"]:
         from fedlightning.flower_app.export import main as flower_app_main
 

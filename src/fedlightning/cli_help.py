@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "fit": "federated training: rounds of client fits and aggregation, from a YAML config",
     "cofed": "CoFED's one-shot pipeline: pseudo labels on a public set, no rounds",
     "plot": "overlay a metric of run directories; --group-by NAME: mean +- std over seeds",
+    "test": "score a run's saved models (RUN_DIR/models.pt or last.ckpt) on the test set",
     "flower-app": "write a runnable Flower App (flwr run) from a config (the flower extra)",
 }
 

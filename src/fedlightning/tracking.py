@@ -42,6 +42,7 @@ def make_wandb_logger(
     run = wandb.init(
         project=project, group=group, tags=tags, name=name or Path(run_dir).name,
         dir=str(run_dir), id=run_id, resume="allow", mode="offline" if offline else "online",
+        settings=wandb.Settings(**quiet_settings()),
     )  # fmt: skip
     run.define_metric("trainer/global_step")
     run.define_metric("*", step_metric="trainer/global_step", step_sync=True)
@@ -54,7 +55,18 @@ def make_wandb_logger(
             "W&B logs offline (no API key); sync later with: wandb sync %s/wandb/offline-run-*",
             run_dir,
         )
+    elif quiet_settings():  # W&B's own lines, its run's address among them, are off
+        log.warning("W&B run %s: %s", run.id, run.url)
     return logger
+
+
+def quiet_settings() -> dict[str, bool]:
+    """W&B's own console output off (``silent``: its banner, run summary and sync hints, 34 lines
+    a run; its warnings stay), unless the user's environment sets ``WANDB_SILENT`` or
+    ``WANDB_QUIET``: then W&B follows it. The run's one line is :func:`make_wandb_logger`'s."""
+    if "WANDB_SILENT" in os.environ or "WANDB_QUIET" in os.environ:
+        return {}
+    return {"silent": True}
 
 
 def log_run_description(logger: WandbLogger, config_path: Path, partition: np.ndarray) -> None:

@@ -25,12 +25,14 @@ from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.loop.checkpoint import atomic_save, make_checkpoint, read_checkpoint
 from fedlightning.loop.checkpoint_writer import CheckpointWriter
 from fedlightning.loop.communication import CommunicationMeter
+from fedlightning.loop.deployables import save_models
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import check_for_bug, sort_results
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
 from fedlightning.loop.sampling import round_clients
+from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_guard import ServerGuard
 from fedlightning.loop.startup import check_arguments, open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
@@ -86,8 +88,9 @@ class FederatedLoop:
             sampled from ``(seed, round)`` afresh each evaluated round, so evaluation does not
             grow with the number of clients (``val_acc`` is then the mean over the sample;
             :mod:`fedlightning.loop.evaluation`). Default 100.
-        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt`` and
-            ``global.pt`` go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
+        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt``,
+            ``global.pt`` and ``models.pt`` (every deployable: :mod:`fedlightning.loop.deployables`)
+            go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
         checkpoint_every: write ``last.ckpt`` every this many rounds (and after the last round).
         min_clients: a round aggregates only if at least this many uploads succeed.
         on_round_failure: ``skip`` the aggregation of a round with fewer than ``min_clients``
@@ -100,11 +103,14 @@ class FederatedLoop:
             under ``run_dir/client_state`` (a file per client; memory and checkpoints stay the
             same size however many clients have state: :mod:`fedlightning.state.disk`).
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
-        loggers: Lightning loggers besides the CSV logger (``metrics.csv``), each by
-            ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...).
+        loggers: Lightning loggers besides ``metrics.csv`` (always written), each by
+            ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...); each
+            gets the resolved config and, where it takes images, the run's figures
+            (:mod:`fedlightning.loop.logger_outputs`).
         wandb: shorthand for a W&B logger (offline unless ``WANDB_API_KEY`` is set).
         wandb_project, wandb_group, wandb_tags, wandb_name: settings of that W&B logger.
-        progress_bar: show a rich progress bar over rounds.
+        progress_bar: show the progress over rounds (a bar on a terminal, one display updated
+            in place in Jupyter: :mod:`fedlightning.loop.progress`).
         fit_with: ``auto``: Lightning Fabric fits every objective that states its loss, a lean
             Trainer those that need one (manual optimization, overridden training hooks);
             ``trainer``: a Trainer for every fit.
@@ -193,7 +199,7 @@ class FederatedLoop:
             dp_sgd=dp_sgd.settings() if dp_sgd is not None else None,
         )  # fmt: skip
         self.client_sampling = client_sampling
-        self.privacy = PrivacyReport(dp_sgd.delta if dp_sgd is not None else None)
+        self.privacy = PrivacyReport(dp_sgd)
         self.seed = seed
         self.eval_every = eval_every
         self.val_clients = val_clients
@@ -284,7 +290,7 @@ class FederatedLoop:
             writer.close(raise_error=False)
             raise
         writer.close()  # and before global.pt
-        return self._finish(metrics, unsaved, started, dm.num_clients)
+        return self._finish(metrics, unsaved, started, dm.num_clients, run.scoring)
 
     def _rounds(
         self, model: ClientModule, dm: FederatedDataModule, run: RunState, writer: CheckpointWriter
@@ -292,7 +298,7 @@ class FederatedLoop:
         """The rounds: the last evaluated metrics, why the final model must not be saved
         (``None``: it is finite) and when the rounds started."""
         start_round, per_round = run.first_round, run.clients_per_round
-        evaluator = Evaluator(run.compute.device, run.compute.autocast, self.seed, self.val_clients)
+        evaluator = Evaluator(run.scoring, self.seed, self.val_clients)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
         guard = ServerGuard(self.aggregator, self.summary, self.on_round_failure)
         started = time.perf_counter()
@@ -342,7 +348,6 @@ class FederatedLoop:
                     metrics = {
                         "round": r + 1,
                         **evaluator.evaluate(
-                            model,
                             dm,
                             self.aggregator.deployables(),
                             [u.client_id for u in uploads],
@@ -372,17 +377,21 @@ class FederatedLoop:
                     self.target.add_time(time.perf_counter() - round_start)
                 if (r + 1) % self.checkpoint_every == 0 or last:
                     self._save_checkpoint(run, r + 1, writer)
-                advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
+                advance(metrics)
         return metrics, guard.final_model_problem(self.aggregator.global_state()), started
 
     def _finish(
-        self, metrics: dict[str, float], unsaved: str | None, started: float, num_clients: int
-    ) -> dict[str, float]:
-        """After the rounds and their last checkpoint write: ``global.pt`` (unless ``unsaved``
-        says why not), the summary (privacy spent over the ``num_clients`` clients) and the run's
-        verdict."""
+        self, metrics: dict[str, float], unsaved: str | None, started: float, num_clients: int,
+        scoring: ScoringModel,
+    ) -> dict[str, float]:  # fmt: skip
+        """After the rounds and their last checkpoint write: ``global.pt`` and ``models.pt``
+        (every deployable, as ``scoring`` scores it; unless ``unsaved`` says why not), the summary
+        (privacy spent over the ``num_clients`` clients) and the run's verdict."""
         if unsaved is None:
             atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
+            deployables = self.aggregator.deployables()
+            scoring.prepare(self.store, deployables)
+            save_models(scoring.saved(deployables), self.rounds, self.run_dir)
         self.reporter.close()
         self.reporter.summary(
             [*self.summary.lines(), *self.privacy.lines(self.aggregator, num_clients)]

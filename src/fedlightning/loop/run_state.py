@@ -13,6 +13,7 @@ from typing import Any
 
 from fedlightning.compute import Compute
 from fedlightning.loop.byzantine import Adversary
+from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_device import ServerDevice
 from fedlightning.protocol import FitConfig
 
@@ -44,6 +45,8 @@ class RunState:
             clients a label-flipping attack poisons); the backend receives it.
         adversary: ``loop.attack`` with its malicious clients (:mod:`fedlightning.loop.byzantine`);
             ``None``: no attack.
+        scoring: what every evaluation scores the deployables with, and what ``models.pt``
+            records (:mod:`fedlightning.loop.scoring_model`).
     """
 
     clients_per_round: int
@@ -57,3 +60,4 @@ class RunState:
     last_checkpoint: tuple[int, str] | None
     fit_config: FitConfig
     adversary: Adversary | None
+    scoring: ScoringModel

@@ -1,7 +1,7 @@
 """Run directories that never lose data: checked before anything is written, locked for a run's life.
 
 Policy (README "Run directories"): a run refuses a directory that already holds another run's
-results (``metrics.csv``, ``last.ckpt``, ``global.pt``; CoFED's ``summary.json``) unless it resumes from a
+results (``metrics.csv``, ``last.ckpt``, ``global.pt``, ``models.pt``; CoFED's ``summary.json``) unless it resumes from a
 checkpoint (``--ckpt_path``) or is told ``--loop.overwrite true`` (which deletes those results
 first). We chose refusal over Lightning-style ``version_N`` folders so that a run directory keeps
 naming exactly one run, and ``--ckpt_path <run_dir>/last.ckpt`` stays the way to continue it.
@@ -35,7 +35,9 @@ from fedlightning.signals import stopped_by
 
 LOCK_NAME = ".fedlightning.lock"
 #: files whose presence means the directory holds a run's results
-RESULT_FILES = ("metrics.csv", "last.ckpt", "global.pt", "summary.json", "participants.csv")
+RESULT_FILES = (
+    "metrics.csv", "last.ckpt", "global.pt", "models.pt", "summary.json", "participants.csv",
+)  # fmt: skip
 #: what ``overwrite`` deletes (results and the files a run writes beside them)
 RUN_FILES = (
     *RESULT_FILES,

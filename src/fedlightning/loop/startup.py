@@ -6,7 +6,8 @@
    aggregator, precision, accelerator, backend and data fit together, resolve the run's device
    and precision once (:class:`~fedlightning.compute.Compute`), read ``ckpt_path``, check the
    run directory, compute the run's identity (:mod:`fedlightning.loop.identity`), set up the
-   aggregator from the model's initial weights and, when resuming, :func:`restore` the
+   aggregator from the model's initial weights, build the scoring model (its networks copied
+   before any fit, :mod:`fedlightning.loop.scoring_model`) and, when resuming, :func:`restore` the
    checkpoint's server and client state. Nothing is written yet. Returns the
    :class:`~fedlightning.loop.run_state.RunState` the rounds consume.
 3. :func:`open_run`, inside the locked run directory: restore the RNG states of a resume, remove
@@ -41,6 +42,7 @@ from fedlightning.loop.plugin_hooks import check_hooks
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import check_run_dir, resumes_in, write_marked
 from fedlightning.loop.sampling import SAMPLINGS, check_sampling, clients_per_round, sampling_rate
+from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_device import ServerDevice
 from fedlightning.privacy.checks import check_privacy
 from fedlightning.privacy.dp_sgd import DPSGD
@@ -186,12 +188,13 @@ def prepare_run(
     rate = sampling_rate(loop.clients_per_round, datamodule.num_clients)
     check_privacy(
         loop.aggregator, model, loop.fit_config, trainer_reason(model, loop.precision),
-        loop.client_sampling, rate, loop.rounds, loop.min_clients,
+        loop.client_sampling, rate, loop.rounds, loop.min_clients, datamodule,
     )  # fmt: skip
     loop.backend.check(model, fit_config, compute)
     loop.backend.check_aggregator(loop.aggregator)
     validate_datamodule(datamodule)
     model.prepare_clients(datamodule)
+    scoring = ScoringModel.for_run(model, compute)  # its networks copied before any fit
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
     # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
     # not take over a directory holding another run's results (unless overwrite)
@@ -228,7 +231,7 @@ def prepare_run(
         clients_per_round=per_round, sampling_rate=rate, compute=compute, server=server,
         identity=identity, checkpoint=checkpoint, resumes_in_place=resuming,
         first_round=rounds_done, last_checkpoint=last_checkpoint, fit_config=fit_config,
-        adversary=adversary,
+        adversary=adversary, scoring=scoring,
     )  # fmt: skip
 
 

@@ -18,7 +18,14 @@ from typing import Any, Literal
 import torch
 
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.privacy.accountant import MECHANISMS, PrivacyAccountant, calibrate_noise
+from fedlightning.privacy import bounds
+from fedlightning.privacy.accountant import (
+    DEFAULT,
+    LIBRARY,
+    MECHANISMS,
+    PrivacyAccountant,
+    calibrate_noise,
+)
 from fedlightning.privacy.client_dp_inner import Withheld, inner_refusal
 from fedlightning.privacy.client_dp_maths import (
     adaptive_clip_norm,
@@ -26,7 +33,7 @@ from fedlightning.privacy.client_dp_maths import (
     noised_mean,
     update_noise_multiplier,
 )
-from fedlightning.privacy.opacus_extra import require_opacus
+from fedlightning.privacy.opacus_extra import require_accountant, require_opacus
 from fedlightning.protocol import StateDict, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server import FedAvg
@@ -63,32 +70,35 @@ class ClientLevelDP(WrappingAggregator):
 
     Privacy: every round is one Poisson-subsampled Gaussian mechanism with noise multiplier ``z``
     and rate ``q`` (sensitivity ``C_t`` of the sum over all keys, add/remove one client), composed
-    by Opacus's accountant; the loop reports ``dp_epsilon`` at ``delta`` after every evaluated
-    round and in the run's summary. The loop must sample clients by Poisson sampling
-    (``loop.client_sampling: poisson``) and releases every round, also one where no client was
-    sampled or none succeeded (``releases_every_round``). The noise is drawn on the server device
+    by the ``accountant`` (docs/algorithms.md section 7.3); the loop reports ``dp_epsilon`` at
+    ``delta`` after every evaluated round and in the run's summary. The loop must sample clients
+    by Poisson sampling (``loop.client_sampling: poisson``) and releases every round, also one
+    where no client was sampled or none succeeded (``releases_every_round``). The noise is drawn on the server device
     from ``(seed, round)``: runs and resumes are reproducible, so the seed must stay secret in a
     deployment.
 
     ``target_epsilon`` (instead of ``noise_multiplier``) calibrates ``z`` once, before the first
     round, so that ``loop.rounds`` rounds spend at most ``target_epsilon`` at ``delta``
-    (Opacus's ``get_noise_multiplier`` with the run's q); a resume must keep ``loop.rounds``.
+    (:func:`~fedlightning.privacy.accountant.calibrate_noise` with the run's q and the same
+    accountant); a resume must keep ``loop.rounds``.
 
     Args:
         inner: the aggregator whose mean is privatised: FedAvg (default
             ``FedAvg(weighting="uniform")``), FedAvgM, FedAdam, with ``weighting: uniform``,
             ``aggregation: mean``, ``clip_norm: null``; ``within_groups`` allowed. FedNova,
             Scaffold, FedCross, InCo and the robust statistics are refused.
-        noise_multiplier: z > 0 (null: calibrated from ``target_epsilon``).
+        noise_multiplier: z in [0.3, 1e6] (null: calibrated from ``target_epsilon``).
         target_epsilon: the epsilon to spend over ``loop.rounds`` rounds (null: ``z`` given).
-        delta: delta in (0, 1), e.g. below 1 / num_clients.
-        clip_norm: C > 0, the L2 norm each client's update is clipped to (adaptive: its start).
+        delta: delta in (0, 1 / num_clients) (checked against the run's clients at start-up).
+        clip_norm: C in [1e-9, 1e9], the L2 norm each client's update is clipped to (adaptive:
+            its start).
         adaptive_clipping: move C towards the ``target_quantile`` of the update norms.
         target_quantile: gamma in (0, 1), the fraction of updates left unclipped.
-        clip_learning_rate: eta_C > 0 of the geometric update.
+        clip_learning_rate: eta_C in (0, 10] of the geometric update.
         count_noise_std: sigma_b > z / 2, the std of the clipped count's noise (null: m / 20, the
             paper's choice).
-        accountant: ``rdp`` or ``prv`` (Opacus's RDPAccountant or PRVAccountant).
+        accountant: ``pld`` (dp-accounting's PLD, the tightest: default), ``prv`` or ``rdp``
+            (Opacus's PRVAccountant or RDPAccountant); docs/algorithms.md section 7.3.
     """
 
     releases_every_round = True
@@ -106,7 +116,7 @@ class ClientLevelDP(WrappingAggregator):
         target_quantile: float = 0.5,
         clip_learning_rate: float = 0.2,
         count_noise_std: float | None = None,
-        accountant: Literal["rdp", "prv"] = "rdp",
+        accountant: Literal["pld", "prv", "rdp"] = DEFAULT,
     ) -> None:
         require_opacus("loop.aggregator=ClientLevelDP (client-level differential privacy)")
         inner = FedAvg(weighting="uniform") if inner is None else inner
@@ -124,19 +134,19 @@ class ClientLevelDP(WrappingAggregator):
             )
         positive = "a finite number > 0"
         if noise_multiplier is not None:
-            require(_positive(noise_multiplier), OPTION + "noise_multiplier", noise_multiplier,
-                    f"{positive} (0 adds no noise: no privacy)")  # fmt: skip
+            bounds.require_noise_multiplier(OPTION + "noise_multiplier", noise_multiplier)
         if target_epsilon is not None:
             require(_positive(target_epsilon), OPTION + "target_epsilon", target_epsilon, positive)
         require(0 < delta < 1, OPTION + "delta", delta, "a number in (0, 1)")
-        require(_positive(clip_norm), OPTION + "clip_norm", clip_norm, positive)
+        bounds.require_clip_norm(OPTION + "clip_norm", clip_norm)
         require(0 < target_quantile < 1, OPTION + "target_quantile", target_quantile,
                 "a number in (0, 1)")  # fmt: skip
-        require(_positive(clip_learning_rate), OPTION + "clip_learning_rate", clip_learning_rate,
-                positive)  # fmt: skip
+        bounds.require_clip_learning_rate(OPTION + "clip_learning_rate", clip_learning_rate)
         require(count_noise_std is None or _positive(count_noise_std),
                 OPTION + "count_noise_std", count_noise_std, f"null or {positive}")  # fmt: skip
-        require(accountant in MECHANISMS, OPTION + "accountant", accountant, "'rdp' or 'prv'")
+        require(accountant in MECHANISMS, OPTION + "accountant", accountant,
+                " or ".join(map(repr, MECHANISMS)))  # fmt: skip
+        require_accountant(accountant, f"{OPTION}accountant={accountant!r}")
         self.inner: FedAvg = inner  # type: ignore[assignment]
         self.target_epsilon, self.delta, self.clip_norm = target_epsilon, delta, clip_norm
         self.noise_multiplier = noise_multiplier
@@ -145,9 +155,8 @@ class ClientLevelDP(WrappingAggregator):
         self.mechanism = accountant
         self.sampling_rate: float | None = None  # set by plan()
         self.rounds = 0
-        # declared state (docs/algorithms.md section 2.6): the privacy spent, [z, q, rounds] as
-        # Opacus' accountants keep it, stays spent when the loop undoes a round; C_t of the next
-        # round
+        # declared state (docs/algorithms.md section 2.6): the privacy spent, the accountant's
+        # [z, q, rounds] history, stays spent when the loop undoes a round; C_t of the next round
         self.add_state("privacy_spent", [], rollback=False)
         self.add_state("current_clip", float(clip_norm))
         self.last_round: dict[str, float] = {}  # what the last release used, for round_metrics
@@ -176,8 +185,9 @@ class ClientLevelDP(WrappingAggregator):
         self.sampling_rate, self.rounds = float(sampling_rate), rounds
         if self.target_epsilon is not None:
             self.noise_multiplier = calibrate_noise(
-                self.target_epsilon, self.delta, self.sampling_rate, rounds, self.mechanism
-            )
+                self.target_epsilon, self.delta, self.sampling_rate, rounds, self.mechanism,
+                option=OPTION + "target_epsilon",
+            )  # fmt: skip
 
     @property
     def expected_clients(self) -> float:
@@ -258,7 +268,8 @@ class ClientLevelDP(WrappingAggregator):
         return (
             f"privacy: client-level (epsilon={self.epsilon():.4g}, delta={self.delta:g}) after "
             f"{self.accountant.steps} round(s): Poisson q={self.sampling_rate:.4g}, noise "
-            f"multiplier {self.noise_multiplier:.4g}, {self.mechanism} accountant (Opacus)"
+            f"multiplier {self.noise_multiplier:.4g}, {self.mechanism} accountant "
+            f"({LIBRARY[self.mechanism]})"
         )
 
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:

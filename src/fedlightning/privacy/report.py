@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from fedlightning.privacy.accountant import LIBRARY
 from fedlightning.privacy.client_dp import ClientLevelDP
-from fedlightning.privacy.dp_sgd import EPSILON_METRIC
+from fedlightning.privacy.dp_sgd import DPSGD, EPSILON_METRIC
 from fedlightning.protocol import FitResult
 from fedlightning.server.base import Aggregator
 
@@ -18,11 +19,12 @@ class PrivacyReport:
     ``dp_sgd_epsilon``: the client's own accountant after its last fit), and the summary lines.
 
     Args:
-        dp_sgd_delta: the DP-SGD clients' delta (``None``: the run has no DP-SGD clients).
+        dp_sgd: the DP-SGD clients' options (``None``: the run has no DP-SGD clients).
     """
 
-    def __init__(self, dp_sgd_delta: float | None = None) -> None:
-        self.delta = dp_sgd_delta
+    def __init__(self, dp_sgd: DPSGD | None = None) -> None:
+        self.delta = dp_sgd.delta if dp_sgd is not None else None
+        self.accountant = dp_sgd.accountant if dp_sgd is not None else None
         self.epsilons: dict[int, float] = {}
 
     def update(self, results: Sequence[tuple[int, FitResult]]) -> None:
@@ -53,7 +55,8 @@ class PrivacyReport:
             lines.append(
                 f"privacy: sample-level DP-SGD, per-client epsilon max {most:.4g}, mean "
                 f"{mean:.4g} over {num_clients} client(s) "
-                f"({len(self.epsilons)} trained), delta={self.delta:g} (Opacus accountant)"
+                f"({len(self.epsilons)} trained), delta={self.delta:g}, {self.accountant} "
+                f"accountant ({LIBRARY[self.accountant]})"
             )
         return lines
 
