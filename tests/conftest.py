@@ -46,3 +46,21 @@ def run_cli(run_dir: Path, *args: str, config: str = "tiny.yaml") -> list[dict[s
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance of 2 CPUs for a test module's Ray runs (skipped without Ray); its
+    actors import the plug-ins of tests/user_clients.py as a user's installed module."""
+    ray = pytest.importorskip("ray")
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), saved]))
+    try:  # the local cluster's processes inherit the environment of ray.init
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+    yield
+    ray.shutdown()

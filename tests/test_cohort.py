@@ -17,6 +17,8 @@ from user_clients import FedDynClient
 class Recorder:
     """Put in front of an aggregator: keeps every round's uploads."""
 
+    transient_attributes = frozenset({"seen"})  # the test's record, read by no later round
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.seen = []

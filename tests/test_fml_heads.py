@@ -15,6 +15,8 @@ from fedlightning.errors import ConfigurationError
 class Recording(FedAvg):
     """FedAvg that keeps every round's uploads."""
 
+    transient_attributes = frozenset({"seen"})  # the test's record, read by no later round
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.seen = []

@@ -233,9 +233,10 @@ def test_inco_post_processes_any_inner_aggregators_update(inner):
     expected = inco_apply(server, plain.global_state(), wrapped.pairs, updated, "paper")
     assert all(torch.equal(wrapped.global_state()[k], v) for k, v in expected.items())
     inner_state, state = plain.state_dict(), wrapped.state_dict()
-    assert state.keys() == inner_state.keys()
-    for name in set(state) - {"weights", "num_clients"}:  # the inner's own state: c, m, v
-        assert all(torch.equal(state[name][k], v) for k, v in inner_state[name].items())
+    assert state.keys() == {"inner", "num_clients"}  # the inner's state, under its attribute
+    assert state["inner"].keys() == inner_state.keys()
+    for name in set(inner_state) - {"weights", "num_clients"}:  # the inner's own state: c, m, v
+        assert all(torch.equal(state["inner"][name][k], v) for k, v in inner_state[name].items())
     clone = InCo(inner=inner(), variant="paper")
     clone.load_state_dict(state)
     assert all(torch.equal(clone.global_state()[k], v) for k, v in expected.items())

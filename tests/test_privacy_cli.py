@@ -92,7 +92,7 @@ def test_resume_continues_the_accountants_exactly(tmp_path):
         torch.load(tmp_path / d / "last.ckpt", weights_only=True) for d in ("straight", "resumed")
     )
     assert _equal(a["aggregator"], b["aggregator"]) and _equal(a["clients"], b["clients"])
-    assert a["aggregator"]["privacy"]["accountant"]["history"] == [[1.2, 0.5, 4]]
+    assert a["aggregator"]["privacy_spent"] == [[1.2, 0.5, 4]]
     for column in ("dp_epsilon", "dp_clip_norm", "dp_sgd_epsilon_max", "dp_sgd_epsilon_mean"):
         assert [r[column] for r in straight] == [r[column] for r in resumed]
     assert float(straight[-1]["dp_sgd_epsilon_max"]) > 0

@@ -71,6 +71,9 @@ def _watched(cls):
     whether every buffer the round owned took the round's mean."""
 
     class Watched(cls):
+        # the test's records, read by no later round
+        transient_attributes = frozenset({"seen", "smallest_var", "buffers_took_mean"})
+
         def server_update(self, server_round):
             self.seen = server_round
             return super().server_update(server_round)

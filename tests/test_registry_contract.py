@@ -4,8 +4,12 @@ documented ``server_update`` hook with ``add_state``, as the README shows): a ne
 covered here without editing a test, by adding it to its list.
 
 Each plug-in is paired with the first registered partner that fits it (the loop's own pairing
-rules), then: one round on tiny data; the aggregator's ``state_dict`` round-trips; 1 round + resume
-equals 2 rounds straight, bitwise; heterogeneous clients (``networks``) either train or are refused
+rules, :func:`~fedlightning.loop.pairing.pairing_refusal`; every other pair is refused naming both
+sides), then: two rounds on tiny data, during which the state contract holds (every round checks
+that no undeclared attribute of the aggregator changed and no objective keeps per-client data on
+the module: docs/algorithms.md sections 1 and 2.6); the aggregator's ``state_dict`` round-trips;
+the guard's ``snapshot``/``restore`` puts back every declared state; 2 rounds + resume equals 3
+rounds straight, bitwise; heterogeneous clients (``networks``) either train or are refused
 with a ConfigurationError before anything is written; the cohort backend equals the sequential
 one up to float rounding for every objective and every aggregator, and for the user-written
 objectives of :data:`PLUGIN_OBJECTIVES` (round context derived, nothing declared); it refuses those
@@ -21,19 +25,28 @@ import torch
 from fedlightning import FederatedDataModule, FederatedLoop, clients, server
 from fedlightning.backends import CohortBackend, RayBackend, SequentialBackend
 from fedlightning.errors import ConfigurationError
-from user_clients import FedDynClient, FedDynReadingState, PerClientSmoothing, ServerNesterov
+from fedlightning.loop.pairing import pairing_refusal
+from user_clients import (
+    AdamDeclaredCounter,
+    FedDynClient,
+    FedDynReadingState,
+    FedDynServer,
+    MemoryInState,
+    PerClientSmoothing,
+    ServerNesterov,
+)
 
 #: a tiny ResNet, so that every rule (InCo's ResNet layer pairs, MOON's features) applies
 NETWORK = dict(network="resnet14", network_kwargs={"width": 4, "stem": "small"}, num_classes=3,
                in_channels=1, image_size=8, lr=0.05)  # fmt: skip
 OBJECTIVES = [getattr(clients, n) for n in clients.__all__]
 #: user-written aggregators on the server_update hook, held to the built-ins' contract
-PLUGINS = [ServerNesterov]
+PLUGINS = [ServerNesterov, AdamDeclaredCounter, FedDynServer]
 AGGREGATORS = [
     getattr(server, n) for n in server.__all__ if not inspect.isabstract(getattr(server, n))
 ] + PLUGINS
 #: user-written objectives (tests/user_clients.py) with per-client round context of their own
-PLUGIN_OBJECTIVES = [FedDynClient]
+PLUGIN_OBJECTIVES = [FedDynClient, MemoryInState]
 #: user-written objectives the cohort cannot train, and what its refusal names
 COHORT_REFUSALS = [(FedDynReadingState, "self.state"), (PerClientSmoothing, "self._smoothing")]
 
@@ -48,10 +61,7 @@ def _aggregator(cls, objective_cls):
     required = objective_cls.required_weighting
     if required is not None and getattr(aggregator, "weighting", required) != required:
         aggregator = cls(weighting=required)
-    fits = objective_cls.required_payload_extras <= aggregator.payload_extras and (
-        aggregator.required_upload_extras <= objective_cls.upload_extras
-    )
-    return aggregator if fits else None
+    return aggregator if pairing_refusal(objective_cls, aggregator) is None else None
 
 
 def _partner_aggregator(objective_cls):
@@ -112,10 +122,39 @@ def _pairs():
             )
 
 
+def _perturbed(value):
+    """``value`` changed everywhere: what an undone round may have written into a state."""
+    if isinstance(value, dict):
+        return {k: _perturbed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [*map(_perturbed, value), 0.0]
+    if isinstance(value, torch.Tensor):
+        return value + 1
+    return value + 1 if isinstance(value, int | float) else value
+
+
+def _check_restore(aggregator):
+    """Every declared state (nested aggregators' too) is put back by the guard's restore, except
+    those declared ``rollback=False``."""
+    before, snapshot = aggregator.state_dict(), aggregator.snapshot()
+    members = [aggregator, *aggregator.children().values()]
+    for member in members:
+        for name in member.declared_states():
+            if "." not in name:
+                setattr(member, name, _perturbed(getattr(member, name)))
+    aggregator.restore(snapshot)
+    kept = {n for m in members for n, d in m.declared_states().items() if "kept when" in d}
+    after = aggregator.state_dict()
+    for name in set(before) - kept - {"inner"}:
+        assert _bitwise(after[name], before[name]), name
+    if "inner" in before:
+        assert _bitwise(after["inner"], before["inner"])
+
+
 @pytest.mark.parametrize(("objective_cls", "make_aggregator"), list(_pairs()))
 def test_round_state_dict_and_resume(objective_cls, make_aggregator, tmp_path):
     torch.manual_seed(0)
-    straight = _run(_objective(objective_cls), make_aggregator(), tmp_path / "straight", 2)
+    straight = _run(_objective(objective_cls), make_aggregator(), tmp_path / "straight", 3)
     assert straight.history[-1]["clients_failed"] == 0
     assert all(torch.isfinite(v).all() for v in straight.aggregator.global_state().values()
                if v.is_floating_point())  # fmt: skip
@@ -123,14 +162,27 @@ def test_round_state_dict_and_resume(objective_cls, make_aggregator, tmp_path):
     clone.load_state_dict(straight.aggregator.state_dict())
     assert _bitwise(clone.state_dict(), straight.aggregator.state_dict())
     torch.manual_seed(0)
-    _run(_objective(objective_cls), make_aggregator(), tmp_path / "resumed", 1)
+    _run(_objective(objective_cls), make_aggregator(), tmp_path / "resumed", 2)
     torch.manual_seed(0)
     resumed = _run(
-        _objective(objective_cls), make_aggregator(), tmp_path / "resumed", 2,
+        _objective(objective_cls), make_aggregator(), tmp_path / "resumed", 3,
         ckpt_path=str(tmp_path / "resumed" / "last.ckpt"),
     )  # fmt: skip
     assert _bitwise(resumed.aggregator.state_dict(), straight.aggregator.state_dict())
     assert _bitwise(resumed.store.state_dict(), straight.store.state_dict())
+    _check_restore(straight.aggregator)
+
+
+@pytest.mark.parametrize("objective_cls", OBJECTIVES + PLUGIN_OBJECTIVES, ids=lambda c: c.__name__)
+def test_every_pair_is_accepted_or_refused_naming_both_sides(objective_cls):
+    """The loop's pairing rules over every registered objective and aggregator: a pair that does
+    not fit is refused in one line naming the objective and the aggregator."""
+    for aggregator_cls in AGGREGATORS:
+        aggregator = aggregator_cls()
+        refusal = pairing_refusal(objective_cls, aggregator)
+        if refusal is not None:
+            assert objective_cls.__name__ in refusal and aggregator_cls.__name__ in refusal
+            assert "\n" not in refusal
 
 
 @pytest.mark.parametrize("objective_cls", OBJECTIVES, ids=lambda c: c.__name__)
@@ -211,14 +263,6 @@ def test_the_cohort_backend_equals_sequential_under_every_aggregator(aggregator_
     objective_cls = next(o for o in OBJECTIVES if _aggregator(aggregator_cls, o) is not None)
     refusal = _sequential_and_cohort(objective_cls, aggregator_cls, tmp_path)
     assert refusal is None, refusal
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow  # Ray's start-up and actors: about half a minute

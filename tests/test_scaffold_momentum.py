@@ -216,19 +216,19 @@ def test_the_sgd_settings_are_read_from_every_form_configure_optimizers_returns(
     assert sgd_rule(ScaffoldClient(**SYNTHETIC, momentum=0.5), "test") == SGDRule(0.1, 0.5, False)
 
 
-class _GradientNorms(ScaffoldClient):
-    """SCAFFOLD that also records the largest mini-batch gradient norm of its fits."""
+#: the mini-batch gradient norms :class:`_GradientNorms` saw: the test's record, kept off the
+#: objective (data carried across clients on the module is refused, docs/algorithms.md section 1)
+GRADIENT_NORMS: list[float] = []
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.largest_gradient = 0.0
+
+class _GradientNorms(ScaffoldClient):
+    """SCAFFOLD that also records each mini-batch gradient norm of its fits."""
 
     def local_loss(self, batch):
         x, y = batch
         params = [p for _, p in self.trainable()]
         grads = torch.autograd.grad(F.cross_entropy(self(x), y), params)
-        norm = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads))
-        self.largest_gradient = max(self.largest_gradient, norm)
+        GRADIENT_NORMS.append(math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads)))
         return super().local_loss(batch)
 
 
@@ -268,14 +268,14 @@ def test_scaffold_with_momentum_0_9_stays_bounded_on_a_label_skewed_split(object
         image_size=8, lr=0.05, momentum=0.9,
     )  # fmt: skip
     seed_everything(0, verbose=False)
-    scaffold = objective(**recipe)
-    history = _digits_run(scaffold, Scaffold(), tmp_path / "scaffold")
+    GRADIENT_NORMS.clear()
+    history = _digits_run(objective(**recipe), Scaffold(), tmp_path / "scaffold")
     seed_everything(0, verbose=False)
     plain = _NesterovAvg if objective is _NesterovGradientNorms else ClientModule
     fedavg = _digits_run(plain(**recipe), FedAvg(weighting="uniform"), tmp_path / "fedavg")
     norms = [row["c_norm"] for row in history]
     assert len(norms) == 10 and min(norms) > 0
-    assert max(norms) <= scaffold.largest_gradient, (norms, scaffold.largest_gradient)
+    assert max(norms) <= max(GRADIENT_NORMS), (norms, max(GRADIENT_NORMS))
     assert history[-1]["test_acc"] >= 0.6
     assert history[-1]["test_acc"] >= fedavg[-1]["test_acc"] - 0.05
 

@@ -267,6 +267,8 @@ def _recording(cls):
     """``cls`` recording where its state is at the start of every round (``devices``)."""
 
     class Recording(cls):
+        transient_attributes = frozenset({"devices"})  # the test's record
+
         def configure_round(self, round_index, client_ids):
             self.devices = getattr(self, "devices", [])
             self.devices += [t.device.type for t in _tensors(self.state_dict())]

@@ -94,6 +94,7 @@ class NegativeVariance(FedAvg):
     """Writes BatchNorm running_var = -1 in round 2: a finite state whose test loss is NaN."""
 
     updates_buffers = True
+    transient_attributes = frozenset({"before"})  # the test's record, read by no later round
 
     def server_update(self, server_round):
         if server_round.index != 1:

@@ -174,14 +174,16 @@ def test_declared_state_is_built_on_the_device_of_the_initial_state():
 
 
 def test_built_in_checkpoint_entries_keep_their_names():
-    """Existing checkpoints (and the cross-resume matrix) read these names."""
+    """Checkpoints (and the cross-resume matrix) read these names; a wrapper holds its inner's
+    state under ``inner``."""
     expected = {
         FedAvg: {"weights"}, FedAvgM: {"weights", "momentum"}, FedAdam: {"weights", "m", "v"},
-        Scaffold: {"weights", "c"}, FedNova: {"weights"}, InCo: {"weights"},
+        Scaffold: {"weights", "c"}, FedNova: {"weights"}, InCo: {"inner.weights"},
     }  # fmt: skip
     for cls, names in expected.items():
         assert set(cls().declared_states()) == names, cls.__name__
-        assert set(cls().state_dict()) == names | {"num_clients"}, cls.__name__
+        top = {name.split(".")[0] for name in names}
+        assert set(cls().state_dict()) == top | {"num_clients"}, cls.__name__
 
 
 @pytest.mark.parametrize(
@@ -190,8 +192,11 @@ def test_built_in_checkpoint_entries_keep_their_names():
         ("weights", "model", 0.0, "'weights' is already declared"),
         ("num_clients", "model", 0.0, "must be a public identifier"),
         ("_hidden", "model", 0.0, "must be a public identifier"),
-        ("x", "zeros", 0.0, "init must be one of model, parameters, floating or a callable"),
+        ("x", "zeros", 0.0, "init must be one of model, parameters, floating, a callable"),
+        ("x", [0.0], 0.0, "a number, a tensor or \\[\\], got \\[0.0\\]"),
+        ("x", None, 0.0, "got None"),
         ("x", "model", 1.0, "fill applies to 'parameters' and 'floating'"),
+        ("x", 0, 1.0, "fill applies to 'parameters' and 'floating'"),
     ],
 )
 def test_add_state_refuses_a_bad_declaration(name, init, fill, message):
@@ -208,12 +213,13 @@ def _momentum_state():
 @pytest.mark.parametrize(
     ("corrupt", "message"),
     [
-        (lambda s: s.pop("momentum"), r"has no 'momentum' \(declared by FedAvgM: 0.0 like each"),
+        (lambda s: s.pop("momentum"),
+         r"FedAvgM state momentum \(declared: 0.0 like each trainable parameter\) is missing"),
         (lambda s: s["momentum"].pop("deep"), r"FedAvgM state momentum\['deep'\] is missing"),
         (lambda s: s["momentum"].update(scale=torch.zeros(1, dtype=T)),
-         r"FedAvgM state momentum\['scale'\] is not in this run's server model"),
+         r"FedAvgM state momentum\['scale'\] is not a key of the declared state"),
         (lambda s: s["weights"].update(w=torch.zeros(3, dtype=T)),
-         r"FedAvgM state weights\['w'\] has shape \(3,\), this run's \(2,\)"),
+         r"FedAvgM state weights\['w'\] is float64 \(3,\) on cpu, declared float64 \(2,\)"),
     ],
     ids=["state", "missing key", "extra key", "shape"],
 )  # fmt: skip

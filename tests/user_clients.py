@@ -306,3 +306,113 @@ class UnpicklableState(FedAvg):
 
     def state_dict(self):
         return {**super().state_dict(), "guard": threading.Lock()}
+
+
+# -- the state contract (docs/algorithms.md section 2.6): plug-ins as users write them -----------
+class AdamPlainCounter(FedAvg):
+    """Adam on the server with bias correction (Kingma and Ba, arXiv:1412.6980) on the
+    pseudo-gradient ``d = w - mean``, its step counter a plain attribute: ``self.t`` is not
+    declared, so the run is refused at the round that changes it."""
+
+    def __init__(self, lr: float = 0.05, beta1: float = 0.9, beta2: float = 0.99, **kwargs):
+        super().__init__(**kwargs)
+        self.lr, self.beta1, self.beta2 = lr, beta1, beta2
+        self.t = 0
+        self.add_state("m", "parameters")
+        self.add_state("v", "parameters")
+
+    def server_update(self, server_round):
+        self.t += 1
+        new = {}
+        for key in server_round.parameter_keys:
+            d = self.weights[key] - server_round.mean[key]
+            self.m[key] = self.beta1 * self.m[key] + (1 - self.beta1) * d
+            self.v[key] = self.beta2 * self.v[key] + (1 - self.beta2) * d * d
+            m_hat = self.m[key] / (1 - self.beta1**self.t)
+            v_hat = self.v[key] / (1 - self.beta2**self.t)
+            new[key] = self.weights[key] - self.lr * m_hat / (v_hat.sqrt() + 1e-3)
+        return new
+
+
+class AdamDeclaredCounter(AdamPlainCounter):
+    """The same with its counter declared (``add_state("t", 0)``): checkpointed, resumed and
+    restored with the rest of the state."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("t", 0)
+
+
+class _MemoryObjective(ClientModule):
+    """A per-client linear term ``<m_i, w>`` in the loss, with ``m_i <- m_i + mu (w_i - w_t)``
+    after each fit (a FedDyn-like memory of the client's past updates)."""
+
+    def __init__(self, mu: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.mu = mu
+
+    def begin_client(self, client_id, payload, state):
+        super().begin_client(client_id, payload, state)
+        saved = self.saved_memory(client_id, state)
+        self._m = {n: saved[n].to(p) if n in saved else torch.zeros_like(p)
+                   for n, p in self.network.named_parameters()}  # fmt: skip
+        self._start = {n: p.detach().clone() for n, p in self.network.named_parameters()}
+
+    def local_loss(self, batch):
+        params = dict(self.network.named_parameters())
+        linear = torch.stack([(m * params[n]).sum() for n, m in self._m.items()]).sum()
+        return super().local_loss(batch) + linear
+
+    def new_memory(self, weights):
+        return {n: (m + self.mu * (weights[n] - self._start[n])).cpu() for n, m in self._m.items()}
+
+
+class MemoryOnModule(_MemoryObjective):
+    """Keeps ``m_i`` on the module (``self.memory[client_id]``): refused on every backend."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.memory = {}
+
+    def saved_memory(self, client_id, state):
+        return self.memory.get(client_id, {})
+
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
+        self.memory[self.client_id] = self.new_memory(weights)
+        return weights, extras, state
+
+
+class MemoryInState(_MemoryObjective):
+    """Keeps ``m_i`` in the state ``end_client`` returns: resumed exactly, the same under the
+    cohort."""
+
+    def saved_memory(self, client_id, state):
+        return state.get("m", {})
+
+    def end_client(self, num_steps):
+        weights, extras, state = super().end_client(num_steps)
+        return weights, extras, {**state, "m": self.new_memory(weights)}
+
+
+class FedDynServer(FedAvg):
+    """FedDyn's server (Acar et al., ICLR 2021, arXiv:2111.04263): ``h <- h - alpha (mean - w)``,
+    ``w <- mean - h / alpha`` on the parameters."""
+
+    def __init__(self, alpha: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.alpha = alpha
+        self.add_state("h", "parameters")
+
+    def server_update(self, server_round):
+        new = {}
+        for key in server_round.parameter_keys:
+            self.h[key] = self.h[key] - self.alpha * (server_round.mean[key] - self.weights[key])
+            new[key] = server_round.mean[key] - self.h[key] / self.alpha
+        return new
+
+
+class FedDynPaired(FedDynClient):
+    """FedDyn's client naming the server it needs."""
+
+    required_aggregator = frozenset({"FedDynServer"})

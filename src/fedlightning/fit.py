@@ -29,6 +29,7 @@ from lightning.fabric import Fabric
 from torch import Tensor
 
 from fedlightning.attacks.labels import training_batches
+from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import FABRIC_PRECISIONS, PRECISION_PATHS, Compute, canonical
 from fedlightning.determinism import deterministic_compute, prepare_environment
 from fedlightning.optim_config import split_optimizers, step_schedulers
@@ -103,7 +104,9 @@ class ClientFitter:
         ``global_step`` does: also those a ``16-mixed`` gradient scaler skipped. Runs under the
         run's ``loop.deterministic`` (:func:`~fedlightning.determinism.deterministic_compute`):
         in this process as in a Ray actor or a Flower node, and an op without a deterministic
-        implementation is a ConfigurationError, never a client failure.
+        implementation is a ConfigurationError, never a client failure. Per-client data kept on
+        the module instead of in the state ``end_client`` returns is refused
+        (:class:`~fedlightning.clients.round_watch.ClientWatch`).
         """
         with deterministic_compute(self.config.deterministic):
             return self._fit(model, dm, job)
@@ -113,20 +116,25 @@ class ClientFitter:
         seed_fit(fit_seed)
         if model.device != self.device:  # moving walks every submodule: only when needed
             model.to(self.device)
+        watch = ClientWatch(model, job.client_id)  # per-client state returned, never kept
         model.begin_client(job.client_id, job.payload, job.state)
+        watch.begun()
         batches = training_batches(dm, job.client_id, fit_seed, self.config)
         num_samples = dm.client_num_samples(job.client_id)
         if self.config.dp_sgd is not None:  # sample-level DP: docs/algorithms.md section 7.2
             optimizer, schedulers = split_optimizers(model.configure_optimizers())
             dp_fit = DPSGDFit(self.config, batches, fit_seed, self.device)
             num_steps = dp_fit.run(model, optimizer, partial(step_schedulers, schedulers))
-            return dp_fit.account(fit_result(model, job, num_samples, num_steps), job.state)
-        path = self.path(model)
-        if path == "trainer":
-            num_steps = self._trainer_fit(model, batches)
+            result = dp_fit.account(fit_result(model, job, num_samples, num_steps), job.state)
         else:
-            num_steps = self._optimize(model, batches, lean=path == "lean")
-        return fit_result(model, job, num_samples, num_steps)
+            path = self.path(model)
+            if path == "trainer":
+                num_steps = self._trainer_fit(model, batches)
+            else:
+                num_steps = self._optimize(model, batches, lean=path == "lean")
+            result = fit_result(model, job, num_samples, num_steps)
+        watch.ended()
+        return result
 
     def path(self, model: ClientModule) -> Literal["trainer", "fabric", "lean"]:
         """How ``model``'s fits run: ``trainer`` (``fit_with='trainer'`` or

@@ -69,6 +69,7 @@ from fedlightning.backends.cohort_optim import StackedOptimizer, StackedScaler, 
 from fedlightning.backends.cohort_plan import RoundPlan
 from fedlightning.backends.cohort_state import ClientView, ContextLoss
 from fedlightning.backends.cohort_step import CohortStep, Stacks
+from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import COHORT_PRECISIONS, Compute
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import fit_result, split_optimizers, trainer_reason
@@ -166,9 +167,11 @@ class CohortBackend(Backend):
 
     def _run_cohort(self, round_index: int, seed: int, jobs: list[ClientJob]) -> RoundResults:
         model, config, device = self.model.to(self.device), self.config, self.device
-        views, optimizers, names = [], [], []
+        views, optimizers, names, watches = [], [], [], []
         for job in jobs:  # begin_client once per client: its view is kept until its end_client
+            watches.append(ClientWatch(model, job.client_id))  # per-client state never kept
             self._begin(round_index, job)
+            watches[-1].begun()
             views.append(ClientView.capture(model, job.client_id, first=not views))
             optimizers.append(split_optimizers(model.configure_optimizers())[0])
             names.append({id(p): f"objective.{n}" for n, p in model.named_parameters()})
@@ -197,7 +200,8 @@ class CohortBackend(Backend):
         plan = RoundPlan.build(loaders, config.local_epochs, config.local_steps, device)
         with step.context(), wrapper.vectorized(), _vmap_refusal(model):
             self._train(step, plan)
-        return self._finish(jobs, views, wrapper, {**params, **buffers, **context}, step, plan)
+        stacked = {**params, **buffers, **context}
+        return self._finish(jobs, views, wrapper, stacked, step, plan, watches)
 
     def _train(self, step: CohortStep, plan: RoundPlan) -> None:
         """Every step of the round's ``plan``: full ones through :class:`FullSteps`, the others
@@ -211,13 +215,14 @@ class CohortBackend(Backend):
                 groups = [(group.index, plan.batch(group.rows)) for group in planned.groups]
                 step.partial(groups, planned.active)
 
-    def _finish(self, jobs, views, wrapper, stacks, step, plan) -> RoundResults:
+    def _finish(self, jobs, views, wrapper, stacks, step, plan, watches) -> RoundResults:
         """Each client's view back on the objective with its trained tensors, optimizer state and
         tracked metrics, then the result as every backend builds it (:func:`fit_result`)."""
         model, optim, results = self.model, step.optimizer, {}
         for i, (job, view) in enumerate(zip(jobs, views, strict=True)):
             view.restore(model)
             wrapper.load_client(i, stacks)
+            watches[i].mark()
             optimizer = split_optimizers(model.configure_optimizers())[0]
             by_id = {id(p): f"objective.{n}" for n, p in model.named_parameters()}
             num_steps = plan.num_steps[i]
@@ -229,6 +234,7 @@ class CohortBackend(Backend):
             step.metrics.load(i, model.batch_metrics)
             samples = self.dm.client_num_samples(job.client_id)
             results[job.client_id] = fit_result(model, job, samples, num_steps)
+            watches[i].ended()
         return results
 
 

@@ -80,6 +80,12 @@ class ClientModule(EvaluationHooks, pl.LightningModule):
     #: how the aggregator must weight this objective's uploads (``None``: as configured; FML:
     #: ``"uniform"``), checked at start-up against an aggregator's ``weighting`` option
     required_weighting: ClassVar[str | None] = None
+    #: the aggregators this objective needs, by class name (any base class's counts, and an inner
+    #: aggregator's under InCo or client-level DP) or capability (an aggregator's
+    #: ``capabilities``): one of them, checked at start-up; empty: any aggregator
+    required_aggregator: ClassVar[frozenset[str]] = frozenset()
+    #: names an aggregator's ``served_objectives`` may ask for, besides this class's names
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     #: Lightning precisions this objective can train with (``None``: any), checked at start-up
     supported_precisions: ClassVar[frozenset[str] | None] = None
     #: The base class's own bookkeeping, never round context: the cohort backend stacks per

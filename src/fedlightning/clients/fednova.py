@@ -24,12 +24,15 @@ class FedNovaClient(ClientModule):
     Precisions that can skip optimizer steps (``16-mixed`` with its gradient scaler) are refused:
     a skipped step is still counted (as Lightning's ``global_step`` counts it), so ``tau_i`` would
     not be the real count.
-    Pair with :class:`fedlightning.server.FedNova`.
+    Pair with :class:`fedlightning.server.FedNova` (or InCo around it): ``required_aggregator``,
+    checked at start-up (docs/algorithms.md section 2.6, "Pairing"); with plain FedAvg the
+    uploaded ``a_i`` would be ignored.
 
     Args:
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr, momentum...).
     """
 
+    required_aggregator: ClassVar[frozenset[str]] = frozenset({"FedNova"})
     upload_extras: ClassVar[frozenset[str]] = frozenset({"a"})
     supported_precisions: ClassVar[frozenset[str]] = NO_SKIP_PRECISIONS
 

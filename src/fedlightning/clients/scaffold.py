@@ -92,12 +92,14 @@ class ScaffoldClient(ClientModule):
 
     Precisions that can skip optimizer steps (``16-mixed`` with its gradient scaler) are refused:
     a skipped step would still be counted in ``K_i``.
-    Pair with :class:`fedlightning.server.Scaffold`.
+    Pair with :class:`fedlightning.server.Scaffold` (or InCo around it): ``required_aggregator``,
+    checked at start-up (docs/algorithms.md section 2.6, "Pairing").
 
     Args:
         **kwargs: the :class:`~fedlightning.clients.ClientModule` arguments (network, lr...).
     """
 
+    required_aggregator: ClassVar[frozenset[str]] = frozenset({"Scaffold"})
     required_payload_extras: ClassVar[frozenset[str]] = frozenset({"c"})
     upload_extras: ClassVar[frozenset[str]] = frozenset({"delta_c"})
     supported_precisions: ClassVar[frozenset[str]] = NO_SKIP_PRECISIONS

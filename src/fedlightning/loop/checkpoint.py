@@ -1,9 +1,12 @@
 """Checkpoints: everything a resumed run needs, written atomically, read back with checks.
 
-A checkpoint (format 3) holds the rounds done, the aggregator's and the client store's state, the
+A checkpoint (format 4) holds the rounds done, the aggregator's and the client store's state, the
 metrics history, the global RNG states and the run's identity
 (:func:`fedlightning.loop.identity.run_identity`: its resolved config since format 3, so an older
-checkpoint, which cannot tell a changed option, is refused with a message). :func:`read_checkpoint` turns any unreadable or
+checkpoint, which cannot tell a changed option, is refused with a message). Format 4: every
+aggregator's state is its declared state (FedCross, InCo and client-level DP wrote their own
+layout before; docs/algorithms.md section 2.6), and the identity names it (``server_state``); a
+format-3 checkpoint is refused in one line. :func:`read_checkpoint` turns any unreadable or
 inconsistent file (empty, truncated, garbage, a malicious pickle, a hand-edited round) into a
 one-line :class:`~fedlightning.errors.ConfigurationError`; :func:`atomic_save` never leaves a torn
 file, and a failed write (a full disk) is a :class:`~fedlightning.errors.StorageError` naming the
@@ -23,7 +26,7 @@ import torch
 from fedlightning.errors import ConfigurationError, storage_error
 from fedlightning.placement import to_cpu
 
-CHECKPOINT_FORMAT = "fedlightning-checkpoint-3"
+CHECKPOINT_FORMAT = "fedlightning-checkpoint-4"
 #: keys every checkpoint holds, with their types
 REQUIRED = {
     "round": int,

@@ -312,7 +312,7 @@ class FederatedLoop:
         start_round, per_round = run.first_round, run.clients_per_round
         evaluator = Evaluator(run.scoring, self.seed, self.val_clients)
         metrics: dict[str, float] = self.history[-1] if self.history else {}
-        guard = ServerGuard(self.aggregator, self.summary, self.on_round_failure, run.server.device)
+        guard = ServerGuard(self.aggregator, self.summary, self.on_round_failure)
         started = time.perf_counter()
         with self.reporter.progress(self.rounds, start_round) as advance:
             for r in range(start_round, self.rounds):

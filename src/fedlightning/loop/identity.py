@@ -9,6 +9,9 @@ same structure from the CLI and from Python) plus facts derived from the objects
 - ``dataset``, ``num_clients``, ``partition_hash``: the partition the data module made (data
   changed on disk shows here);
 - ``seed`` and ``client_state``: the loop's, as resolved;
+- ``server_state``: the aggregator's declared states and how each starts
+  (:meth:`~fedlightning.server.server_state.ServerState.declared_states`: a plug-in whose code now
+  declares other state cannot continue the checkpoint);
 - ``backend_results``: whose numerics the backend's fits follow: ``sequential`` for
   SequentialBackend, RayBackend and AutoBackend where it chose sequential; ``cohort`` for
   CohortBackend (its vmapped fits follow another floating-point trajectory, e.g. with BatchNorm)
@@ -95,6 +98,7 @@ DERIVED = {
     "partition_hash": "resume with the same data options and the same data on disk",
     "architecture": "resume with the same model.network/networks and network_kwargs",
     "client_state": "resume with the same --loop.client_state",
+    "server_state": "resume with the aggregator code that wrote the checkpoint (its state)",
     "backend_results": "resume with a --loop.backend whose fits give the checkpoint's results",
 }
 NEW_RUN = (
@@ -150,9 +154,11 @@ def run_identity(
     seed: int,
     client_state: str,
     backend: Backend,
+    server_state: dict[str, str],
 ) -> dict[str, Any]:
     """The identity of a run (module docstring), as stored in its checkpoints: ``config`` from
-    :func:`~fedlightning.run_config.resolved_config`, ``initial`` the server model's state_dict."""
+    :func:`~fedlightning.run_config.resolved_config`, ``initial`` the server model's state_dict,
+    ``server_state`` the aggregator's declared states."""
     return {
         "config": config,
         "dataset": datamodule.dataset,
@@ -161,6 +167,7 @@ def run_identity(
         "partition_hash": datamodule.partition_hash(),
         "architecture": architecture(initial),
         "client_state": client_state,
+        "server_state": server_state,
         "backend_results": backend_results(backend),
         "library_version": library_version(),
     }

@@ -1,10 +1,13 @@
 """Non-finite server state is never silent: a round whose aggregation leaves a NaN/Inf anywhere in
 the aggregator's state, or whose evaluation gives a non-finite test loss, is a failed round.
 
-:class:`ServerGuard` wraps the loop's call of ``aggregator.aggregate``. Before it, the
-aggregator's whole ``state_dict()`` is copied (a plug-in may update tensors in place); after it,
-the state is checked finite (one read-back per device,
-:func:`fedlightning.loop.failures.all_finite`).
+:class:`ServerGuard` wraps the loop's call of ``aggregator.aggregate``. Before it, every declared
+state of the aggregator is copied (``aggregator.snapshot()``: a plug-in may update tensors in
+place; counters and lists too, docs/algorithms.md section 2.6); after it, the state contract is
+checked (:class:`~fedlightning.server.state_watch.StateWatch`: declared states keep their layout,
+nothing undeclared changed; a breach stops the run with a ConfigurationError naming the
+aggregator, the attribute or state and the key), then the state is checked finite (one read-back
+per device, :func:`fedlightning.loop.failures.all_finite`).
 A non-finite entry fails the round: the log names the aggregator, the entry and key (e.g.
 ``weights['fc.weight']``) and the round, the state is restored from the copy, the run summary
 counts the round as skipped with its reason, and ``loop.on_round_failure`` applies (``skip`` goes
@@ -15,8 +18,10 @@ restored state. Skipped rounds count toward ``loop.max_skipped_fraction``, so an
 always writes NaN fails the run. Last, a non-finite final global model
 (:meth:`ServerGuard.final_model_problem`) is not saved as ``global.pt`` and fails the run.
 
-The state is restored to what it was before this round's aggregation: with ``eval_every > 1`` an
-earlier, unevaluated round may already have made the model useless while keeping it finite.
+The state is restored to what it was before this round's aggregation (``aggregator.restore``:
+every declared state but those declared ``rollback=False``, such as the privacy client-level DP
+spent; transient attributes reset): with ``eval_every > 1`` an earlier, unevaluated round may
+already have made the model useless while keeping it finite.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ import torch
 from fedlightning.errors import RunStopped
 from fedlightning.loop.failures import all_finite
 from fedlightning.loop.summary import RunSummary
-from fedlightning.placement import move
 from fedlightning.protocol import Upload
 from fedlightning.server.base import Aggregator
+from fedlightning.server.state_watch import StateWatch
 
 log = logging.getLogger("fedlightning")
 
@@ -69,7 +74,6 @@ class ServerGuard:
         aggregator: the run's aggregator.
         summary: the run summary, where failed rounds are counted.
         on_round_failure: ``skip`` or ``stop`` (``loop.on_round_failure``).
-        device: the server device, where the pre-round copy is kept.
     """
 
     def __init__(
@@ -77,13 +81,12 @@ class ServerGuard:
         aggregator: Aggregator,
         summary: RunSummary,
         on_round_failure: str,
-        device: torch.device,
     ) -> None:
         self.aggregator = aggregator
         self.summary = summary
         self.on_round_failure = on_round_failure
-        self.device = device
         self._before: dict[str, Any] | None = None  # the state before the last aggregation
+        self.watch = StateWatch(aggregator)  # after set-up and resume: the rounds start
         self._aggregated: int | None = None  # the round that aggregation belongs to
         self._failed: int | None = None  # the last round that failed here
 
@@ -93,9 +96,10 @@ class ServerGuard:
 
     def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
         """``aggregator.aggregate(round_index, uploads)``, undone if it leaves non-finite state."""
-        self._before = move(self.aggregator.state_dict(), self.device, copy=True)
+        self._before = self.aggregator.snapshot()
         self._aggregated = round_index
         self.aggregator.aggregate(round_index, uploads)
+        self.watch.check(round_index)
         entry = non_finite_entry(self.aggregator.state_dict())
         if entry is not None:
             self._fail(
@@ -133,7 +137,7 @@ class ServerGuard:
     def _fail(self, round_index: int, reason: str) -> None:
         aggregated = self._aggregated == round_index and self._before is not None
         if aggregated:
-            self.aggregator.load_state_dict(self._before)  # type: ignore[arg-type]
+            self.aggregator.restore(self._before)  # type: ignore[arg-type]
         self._before = None
         self._failed = round_index
         self.summary.record_failed_round(round_index, reason, aggregated)

@@ -38,9 +38,11 @@ from fedlightning.fit import trainer_reason
 from fedlightning.loop.byzantine import prepare_attack
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator, check_seed
+from fedlightning.loop.failures import fit_float_dtype
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.pairing import check_pairing
+from fedlightning.loop.plugin_hooks import check_hooks
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import check_run_dir, resumes_in, write_marked
 from fedlightning.loop.sampling import SAMPLINGS, check_sampling, clients_per_round, sampling_rate
@@ -172,9 +174,10 @@ def prepare_run(
 ) -> RunState:
     """Every check and set-up before the run directory is written to; returns what the rounds
     need (:class:`~fedlightning.loop.run_state.RunState`)."""
+    check_hooks(model, loop.aggregator, loop.attack, loop.backend)
+    check_pairing(model, loop.aggregator, loop.precision)
     datamodule.setup("fit")
     per_round = clients_per_round(loop.clients_per_round, datamodule.num_clients, loop.min_clients)
-    check_pairing(model, loop.aggregator, loop.precision)
     adversary, fit_config = prepare_attack(
         loop.attack, loop.aggregator, loop.backend, loop.fit_config, datamodule.num_clients,
         per_round, loop.client_sampling, loop.seed,
@@ -213,10 +216,16 @@ def prepare_run(
     stored = checkpoint.get("identity") if checkpoint is not None else None
     recorded = stored.get("backend_results") if isinstance(stored, dict) else None
     loop.backend.decide(model, datamodule, fit_config, compute, per_round, recorded)
-    initial = {k: v.detach().to("cpu", copy=True) for k, v in model.network.state_dict().items()}
+    # in the dtype the fits train it in (64-true: float64 from the start), so that the server
+    # state keeps its declared layout across rounds (docs/algorithms.md section 2.6)
+    dtype = fit_float_dtype(loop.precision)
+    initial = {
+        k: v.detach().to("cpu", dtype if dtype and v.is_floating_point() else None, copy=True)
+        for k, v in model.network.state_dict().items()
+    }
     identity = run_identity(
         resolved_config(loop, model, datamodule), initial, datamodule, loop.seed, loop.store.mode,
-        loop.backend,
+        loop.backend, loop.aggregator.declared_states(),
     )  # fmt: skip
     server = ServerDevice(compute.device)
     loop.aggregator.setup(

@@ -102,6 +102,8 @@ class ClientLevelDP(WrappingAggregator):
     """
 
     releases_every_round = True
+    #: what the last release used, for :meth:`round_metrics` only
+    transient_attributes = frozenset({"last_round"})
 
     def __init__(
         self,
@@ -153,8 +155,10 @@ class ClientLevelDP(WrappingAggregator):
         self.mechanism = accountant
         self.sampling_rate: float | None = None  # set by plan()
         self.rounds = 0
-        self.accountant = PrivacyAccountant(accountant)
-        self.current_clip = clip_norm  # C_t of the next round
+        # declared state (docs/algorithms.md section 2.6): the privacy spent, the accountant's
+        # [z, q, rounds] history, stays spent when the loop undoes a round; C_t of the next round
+        self.add_state("privacy_spent", [], rollback=False)
+        self.add_state("current_clip", float(clip_norm))
         self.last_round: dict[str, float] = {}  # what the last release used, for round_metrics
         self.denominators: dict[str, float] = {}
         self.update_noise = 0.0  # z_D
@@ -214,8 +218,6 @@ class ClientLevelDP(WrappingAggregator):
                 "default is the expected clients per round / 20)",
             )  # fmt: skip
             self.update_noise = update_noise_multiplier(z, sigma_b)
-        self.accountant = PrivacyAccountant(self.mechanism)
-        self.current_clip = self.clip_norm
         inner.private_round = self.release
 
     # -- one round --------------------------------------------------------------------------------
@@ -240,9 +242,16 @@ class ClientLevelDP(WrappingAggregator):
         mean = noised_mean(
             inner.weights, total, self.update_noise * clip, self.denominators, generator
         )
-        self.accountant.step(float(self.noise_multiplier or 0.0), float(self.sampling_rate or 0.0))
+        accountant = self.accountant
+        accountant.step(float(self.noise_multiplier or 0.0), float(self.sampling_rate or 0.0))
+        self.privacy_spent = accountant.history
         withheld: Any = Withheld(type(inner).__name__)
         return ServerRound(round_index, mean, withheld, withheld, inner.parameters)
+
+    @property
+    def accountant(self) -> PrivacyAccountant:
+        """The composition of the rounds released so far (from ``privacy_spent``)."""
+        return PrivacyAccountant(self.mechanism, self.privacy_spent)
 
     def epsilon(self) -> float:
         """The epsilon spent so far at ``delta``."""
@@ -267,38 +276,19 @@ class ClientLevelDP(WrappingAggregator):
         self.inner.aggregate(round_index, uploads)  # the private mean: release()
 
     # -- state -----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """The inner aggregator's state, the accountant's history, the next round's clipping norm
-        and the noise multiplier the rounds used."""
-        privacy = {
-            "accountant": self.accountant.state_dict(), "clip_norm": self.current_clip,
-            "noise_multiplier": float(self.noise_multiplier or 0.0),
-        }  # fmt: skip
-        return {
-            "inner": self.inner.state_dict(),
-            "privacy": privacy,
-            "num_clients": self.num_clients,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s state. The accountant never goes back: when the loop undoes
-        a round (a non-finite server state), that round's release was still computed and its
-        failure observed, so the privacy it spent stays spent."""
-        privacy = state["privacy"]
-        stored = float(privacy["noise_multiplier"])
-        if stored != self.noise_multiplier:
+    def on_load_state(self, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose rounds used another noise multiplier than this run's (with
+        ``target_epsilon``, z is calibrated for ``loop.rounds``). The privacy it spent is never
+        undone: it is declared ``rollback=False``."""
+        used = {float(z) for z, _, _ in state["privacy_spent"]}
+        stored = next(iter(used - {self.noise_multiplier}), None)
+        if stored is not None:
             raise ConfigurationError(
                 f"the checkpoint's ClientLevelDP rounds used noise multiplier {stored:.6g}, this "
                 f"run's is {self.noise_multiplier:.6g} (target_epsilon={self.target_epsilon} "
                 f"calibrates it for loop.rounds={self.rounds}): resume with the loop.rounds the "
                 "checkpoint's run was planned for, or start a new run"
             )
-        self.inner.load_state_dict(state["inner"])
-        loaded = PrivacyAccountant.from_state(privacy["accountant"])
-        if not self.accountant.extends(loaded):
-            self.accountant = loaded
-        self.current_clip = float(privacy["clip_norm"])
-        self.num_clients = state["num_clients"]
 
 
 def _positive(value: float) -> bool:

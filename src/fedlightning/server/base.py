@@ -35,29 +35,32 @@ the hook for "mean of uploads -> new state" (FedAvg returns ``{}``; FedAvgM and 
 server optimizer, SCAFFOLD updates ``c``, FedNova takes its normalised step).
 ``self.weights`` is the server model.
 
-**Declared state.** An aggregator declares each state_dict it keeps across rounds once, in
-``__init__``: ``self.add_state("momentum", "parameters")`` (:meth:`Aggregator.add_state`). The base
-:meth:`Aggregator.setup` builds it on the server device, :meth:`Aggregator.state_dict` and
-:meth:`Aggregator.load_state_dict` carry it (a checkpoint that does not fit the declaration is a
-ConfigurationError naming the state and the key), and :meth:`Aggregator.declared_states` lists it.
-Set-up work that is not state goes in :meth:`Aggregator.on_setup`.
+**Declared state.** An aggregator declares each value it keeps across rounds once, in
+``__init__``: ``self.add_state("momentum", "parameters")``, ``self.add_state("t", 0)``
+(:class:`~fedlightning.server.server_state.ServerState`, a base of :class:`Aggregator`). Set-up
+builds it on the server device; checkpoints, resume, an undone round and the run's identity carry
+it with no more code. Every round the loop checks that each declared state keeps its layout and
+that no other attribute changes (:mod:`fedlightning.server.state_watch`): state outside the
+declaration is refused, naming the attribute. Set-up work that is not state goes in
+:meth:`Aggregator.on_setup`.
 
-Everything a resumed run needs is returned by :meth:`Aggregator.state_dict`. The loop reads
-``payload_extras``, ``required_upload_extras`` and ``weighting`` from the instance (class
-attributes or properties, as a wrapper such as InCo forwards its inner aggregator's).
+**Pairing.** The loop reads ``payload_extras``, ``required_upload_extras``, ``weighting``,
+``served_objectives`` and ``capabilities`` from the instance (class attributes or properties, as a
+wrapper such as InCo forwards its inner aggregator's) and refuses an objective that does not fit
+before anything is written (:mod:`fedlightning.loop.pairing`, docs/algorithms.md section 2.6).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import ClassVar
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import ClientKeys, Payload, StateDict, Upload
 from fedlightning.recorded_args import RecordsInitArgs
-from fedlightning.server.declared_state import Declarations, StateInit
-from fedlightning.server.functional import clone_state, parameter_keys
+from fedlightning.server.functional import parameter_keys
+from fedlightning.server.server_state import ServerState
 
 #: one :class:`ClientKeys` per client, or ``None`` (every client trains the whole model)
 ClientKeyList = Sequence[ClientKeys] | None
@@ -97,17 +100,25 @@ def check_client_keys(initial: StateDict, client_keys: list[ClientKeys], num_cli
             raise ConfigurationError(f"clients of group {group} own different keys")
 
 
-class Aggregator(RecordsInitArgs, ABC):
+class Aggregator(ServerState, RecordsInitArgs, ABC):
     """Base class of all server aggregators.
 
-    Subclasses declare what they put in payload extras (``payload_extras``) and what they need in
-    upload extras (``required_upload_extras``), so the loop can refuse a client objective that
-    does not fit before training starts. The arguments an aggregator is constructed with are
-    recorded (:mod:`fedlightning.recorded_args`): they are part of a run's identity.
+    Subclasses declare what they put in payload extras (``payload_extras``), what they need in
+    upload extras (``required_upload_extras``) and which objectives they serve
+    (``served_objectives``), so the loop can refuse a client objective that does not fit before
+    training starts. The arguments an aggregator is constructed with are recorded
+    (:mod:`fedlightning.recorded_args`): they are part of a run's identity. Its state is declared
+    (:class:`~fedlightning.server.server_state.ServerState`).
     """
 
     payload_extras: frozenset[str] = frozenset()
     required_upload_extras: frozenset[str] = frozenset()
+    #: the client objectives this aggregator serves, by class name (any base class's counts) or
+    #: capability (an objective's ``capabilities``): one of them is needed; empty: any objective
+    served_objectives: ClassVar[frozenset[str]] = frozenset()
+    #: names an objective's ``required_aggregator`` may ask for, besides the class names of this
+    #: aggregator (and of the aggregator it wraps)
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     num_clients: int = 0
     seed: int = 0
     client_keys: list[ClientKeys] | None = None
@@ -128,7 +139,8 @@ class Aggregator(RecordsInitArgs, ABC):
     ) -> None:
         """Initialise (or re-initialise) all server state from the template model's state_dict
         ``initial``, the server model whose keys contain every client's: every declared state
-        (:meth:`add_state`) is built on the device of ``initial``, then :meth:`on_setup` runs.
+        (:meth:`~ServerState.add_state`) is built on the device of ``initial``, then
+        :meth:`on_setup` runs, then the transient attributes' values are kept.
 
         ``seed`` is the run's seed: an aggregator that needs randomness (e.g. FedCross's shuffle of
         the sampled clients) derives it from ``(seed, round)`` with
@@ -157,11 +169,9 @@ class Aggregator(RecordsInitArgs, ABC):
         self.parameters = parameters
         if self.client_keys is not None:
             check_client_keys(initial, self.client_keys, num_clients)
-        declarations = self._declarations
-        for spec in declarations.specs.values():
-            setattr(self, spec.name, spec.build(initial, parameters))
-        declarations.allocated = True
+        self.build_state(initial, parameters)
         self.on_setup(initial)
+        self.record_transients()
 
     def server_key_space(
         self, initial: StateDict, client_keys: ClientKeyList, parameters: frozenset[str]
@@ -175,30 +185,6 @@ class Aggregator(RecordsInitArgs, ABC):
         """Called at the end of :meth:`setup`, with ``initial`` in the server's key space and every
         declared state built: check what the configuration cannot serve, derive what is not
         state (e.g. SCAFFOLD's owner counts). Nothing by default."""
-
-    # -- declared state ---------------------------------------------------------------------------
-    def add_state(self, name: str, init: StateInit, *, fill: float = 0.0) -> None:
-        """Declare a state_dict this aggregator keeps across rounds (call it in ``__init__``, as
-        torchmetrics' ``add_state``): ``self.<name>`` holds it, :meth:`setup` builds it from the
-        initial server state on its device, :meth:`state_dict`/:meth:`load_state_dict` carry it
-        under ``name``.
-
-        ``init``: ``"model"`` (a copy of the initial server state), ``"parameters"`` (``fill``,
-        by default zeros, like each trainable parameter), ``"floating"`` (``fill`` like every
-        floating entry) or a callable ``init(initial, parameters) -> StateDict``
-        (:class:`~fedlightning.server.declared_state.StateSpec`). Until :meth:`setup` it is ``{}``.
-        """
-        self._declarations.add(type(self).__name__, name, init, fill)
-        setattr(self, name, {})
-
-    def declared_states(self) -> dict[str, str]:
-        """Every declared state's name and how it starts (for the run's identity and the docs)."""
-        return {name: spec.describe() for name, spec in self._declarations.specs.items()}
-
-    @property
-    def _declarations(self) -> Declarations:
-        # created on first use: a subclass need not call Aggregator.__init__
-        return vars(self).setdefault("_declared_state", Declarations())
 
     def group_keys(self) -> dict[str, frozenset[str]]:
         """Each client group's keys, in order of first appearance (empty without client_keys)."""
@@ -279,21 +265,3 @@ class Aggregator(RecordsInitArgs, ABC):
         for group, keys in self.group_keys().items():
             out.setdefault(group, restrict(out["global"], keys))
         return out
-
-    def state_dict(self) -> dict[str, Any]:
-        """All server state, for checkpoints: every declared state under its name, and
-        ``num_clients``. Override (calling this) to add state that is not a declared
-        state_dict."""
-        states = {name: getattr(self, name) for name in self._declarations.specs}
-        return {**states, "num_clients": self.num_clients}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the state returned by :meth:`state_dict` (after :meth:`setup`: the declared
-        states must have this run's key sets and shapes, else a ConfigurationError naming the
-        state and the key)."""
-        declarations = self._declarations
-        current = {name: getattr(self, name) for name in declarations.specs}
-        declarations.check(type(self).__name__, state, current)
-        for name in declarations.specs:
-            setattr(self, name, clone_state(state[name]))
-        self.num_clients = state["num_clients"]

@@ -38,15 +38,9 @@ from fedlightning.server.functional import (
 )
 
 __all__ = [
-    "FedCross",
-    "cross_mix",
-    "dynamic_alpha",
-    "layer_groups",
-    "parameter_keys",
-    "propeller_collaborators",
-    "select_collaborators",
-    "similarity_matrix",
-]
+    "FedCross", "cross_mix", "dynamic_alpha", "layer_groups", "parameter_keys",
+    "propeller_collaborators", "select_collaborators", "similarity_matrix",
+]  # fmt: skip
 
 
 # -- the aggregator ---------------------------------------------------------------------------------
@@ -56,8 +50,8 @@ class FedCross(Aggregator):
     FedCross overrides ``aggregate`` instead of the ``server_update`` hook of
     :class:`~fedlightning.server.fedavg.FedAvg` (docs/algorithms.md section 2.6): there is no
     single mean to update, each of the K middleware models is mixed with its collaborators'
-    trained models. Its state (the K models, K) is a list, so it writes its own
-    ``state_dict``/``load_state_dict`` instead of declaring state.
+    trained models. Its state is the list of the K models, declared (``add_state("models", [])``:
+    empty until the first round or :meth:`set_initial_states`); K is its length.
 
     Round r: the K sampled clients are shuffled (from ``(seed, "fedcross-shuffle", r)``, never the
     global RNG) and the i-th receives middleware model ``W[i]`` (``Payload.model_index = i``), so
@@ -117,6 +111,9 @@ class FedCross(Aggregator):
         evaluate_middleware: also evaluate every middleware model (metrics ``middleware_<i>/...``).
     """
 
+    #: the round's client -> model assignment (configure_round to aggregate) and the cached mean
+    transient_attributes = frozenset({"_assignment", "_global"})
+
     def __init__(
         self,
         alpha: float = 0.99,
@@ -173,11 +170,17 @@ class FedCross(Aggregator):
         self.alpha_start = alpha_start
         self.alpha_step = alpha_step
         self.evaluate_middleware = evaluate_middleware
-        self.k = num_models  # K, resolved from the first round when num_models is null
         self.initial: StateDict = {}
         self.models: list[StateDict] = []
+        self.add_state("models", [])
         self._assignment: dict[int, int] = {}
         self._global: StateDict | None = None
+
+    @property
+    def k(self) -> int | None:
+        """K: the number of middleware models (``num_models``, or the clients of the first round
+        when it is null; ``None`` until then)."""
+        return len(self.models) if self.models else self.num_models
 
     # -- schedule -------------------------------------------------------------------------------
     def alpha_at(self, round_index: int) -> float:
@@ -205,8 +208,6 @@ class FedCross(Aggregator):
                 "model (one architecture); use FedAvg or InCo for heterogeneous clients"
             )
         self.initial = clone_state(initial)
-        self.k = self.num_models
-        self.models = []
         self._assignment = {}
         self._global = None
 
@@ -224,29 +225,29 @@ class FedCross(Aggregator):
                     "FedCross independent initial states must have the server model's keys"
                 )
         self.models = [clone_state(state) for state in states]
-        self.k = len(self.models)
         self._global = None
 
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
-        if self.k is None:
+        k = self.k
+        if k is None:
             _require(
                 len(client_ids) >= 2,
                 "num_models",
                 len(client_ids),
                 "at least 2 clients per round (K >= 2)",
             )
-            self.k = len(client_ids)
-        if len(client_ids) != self.k:
+            k = len(client_ids)
+        if len(client_ids) != k:
             raise ConfigurationError(
-                f"FedCross num_models={self.k} but {len(client_ids)} clients are sampled per round: "
+                f"FedCross num_models={k} but {len(client_ids)} clients are sampled per round: "
                 f"each middleware model is trained by one sampled client, so set loop.clients_per_round "
-                f"to {self.k} (or leave num_models null)"
+                f"to {k} (or leave num_models null)"
             )
         if not self.models:
             # identical initial models share one read-only dict: nothing ever updates in place
-            self.models = [self.initial] * self.k
+            self.models = [self.initial] * k
         gen = torch.Generator().manual_seed(derive_seed(self.seed, "fedcross-shuffle", round_index))
-        order = torch.randperm(self.k, generator=gen).tolist()
+        order = torch.randperm(k, generator=gen).tolist()
         self._assignment = {client_ids[j]: i for i, j in enumerate(order)}
         return {cid: Payload(self.models[i], model_index=i) for cid, i in self._assignment.items()}
 
@@ -308,19 +309,14 @@ class FedCross(Aggregator):
             out.update({f"middleware_{i}": w for i, w in enumerate(self.models)})
         return out
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"models": self.models, "num_models": self.k, "num_clients": self.num_clients}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.num_models is not None and state["num_models"] not in (None, self.num_models):
+    def on_load_state(self, state: dict[str, Any]) -> None:
+        """Refuse a checkpoint holding another number of middleware models than ``num_models``."""
+        held = len(state["models"])
+        if self.num_models is not None and held not in (0, self.num_models):
             raise ConfigurationError(
-                f"FedCross num_models={self.num_models} but the checkpoint holds {state['num_models']} "
+                f"FedCross num_models={self.num_models} but the checkpoint holds {held} "
                 f"middleware models: resume with the same num_models"
             )
-        self.k = state["num_models"]
-        self.models = [clone_state(w) for w in state["models"]]
-        self.num_clients = state["num_clients"]
-        self._global = None
 
 
 def _require(ok: bool, option: str, value: Any, allowed: str) -> None:

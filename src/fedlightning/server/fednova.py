@@ -63,13 +63,15 @@ class FedNova(FedAvg):
     Written on the :meth:`server_update` hook: the normalised step applies to the trainable
     parameters; buffers (BatchNorm running statistics, counters) take the FedAvg mean, as
     :func:`fednova_aggregate` does for running statistics. With equal ``a_i`` (equal step counts,
-    no momentum) this is exactly FedAvg. Pair with :class:`fedlightning.clients.FedNovaClient`.
+    no momentum) this is exactly FedAvg. Pair with :class:`fedlightning.clients.FedNovaClient`
+    (``served_objectives``).
 
     Args:
         weighting: ``samples`` (p_i by n_i, the paper) or ``uniform``.
         within_groups: one model per client group; see :class:`FedAvg`.
     """
 
+    served_objectives = frozenset({"FedNovaClient"})
     required_upload_extras: frozenset[str] = frozenset({"a"})
 
     def __init__(

@@ -34,6 +34,9 @@ class GeometricMedian(RobustAggregator):
         tol: stop once ``|g(z_t) - g(z_{t+1})| <= tol * g(z_{t+1})`` (>= 0).
     """
 
+    #: the last round's Weiszfeld iterations, for :meth:`round_metrics` only
+    transient_attributes = frozenset({"_iterations"})
+
     def __init__(
         self,
         weighting: Literal["samples", "uniform"] = "samples",

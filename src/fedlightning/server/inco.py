@@ -11,7 +11,7 @@ client objective becomes InCo<Method>.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -160,8 +160,8 @@ class InCo(WrappingAggregator):
     InCo overrides ``aggregate`` rather than the ``server_update`` hook (docs/algorithms.md
     section 2.6): it wraps an inner aggregator, whose own hook (a server optimizer, SCAFFOLD's
     ``c``) runs first, and post-processes the inner's whole server update ``w_new - w_old``,
-    which only exists once the inner's round is done. It declares no state: its state is the
-    inner's (:meth:`declared_states` lists the inner's).
+    which only exists once the inner's round is done. It declares no state of its own: its state
+    is the inner's, held under ``inner`` (the pair statistics of the last round are transient).
 
     InCoAvg is ``InCo()`` (inner ``FedAvg(weighting="uniform")``, the paper's mean over owners),
     InCoScaffold ``InCo(inner=Scaffold())``, InCoNova ``InCo(inner=FedNova())``; InCoProx and
@@ -192,6 +192,9 @@ class InCo(WrappingAggregator):
     :meth:`round_metrics` reports the pairs' ``theta``/``beta`` statistics of the round
     (:func:`fedlightning.server.inco_stats.pair_statistics`), read from the device only then.
     """
+
+    #: the last round's pair statistics, for :meth:`round_metrics` only
+    transient_attributes = frozenset({"_products"})
 
     def __init__(
         self,
@@ -260,9 +263,3 @@ class InCo(WrappingAggregator):
 
     def round_metrics(self) -> dict[str, float]:
         return summarize(self._products)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.inner.load_state_dict(state)

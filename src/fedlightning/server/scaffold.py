@@ -54,7 +54,7 @@ class Scaffold(FedAvg):
     restricted to its keys as the payload extra ``"c"``. Clients only use (and report ``delta_c``
     for) the trainable parameters, so the entries of ``c`` for float buffers stay zero. Each
     evaluated round logs ``c_norm``, the L2 norm of ``c`` (:meth:`round_metrics`). Pair with
-    :class:`fedlightning.clients.ScaffoldClient`.
+    :class:`fedlightning.clients.ScaffoldClient` (``served_objectives``).
 
     Args:
         weighting: ``uniform`` (Algorithm 1, the default) or ``samples`` (by n_i) for the model
@@ -62,6 +62,7 @@ class Scaffold(FedAvg):
         within_groups: one model (and one ``c``) per client group; see :class:`FedAvg`.
     """
 
+    served_objectives = frozenset({"ScaffoldClient"})
     payload_extras: frozenset[str] = frozenset({"c"})
     required_upload_extras: frozenset[str] = frozenset({"delta_c"})
 

@@ -12,9 +12,11 @@ from fedlightning.server.fedavg import FedAvg
 
 class WrappingAggregator(Aggregator):
     """Base of an aggregator that changes how an inner one aggregates: its payloads, required
-    extras, weighting, models and declared state are the inner's (``self.inner``, a FedAvg
-    subclass); the loop reads them from the instance. A subclass sets ``self.inner``, sets the
-    inner up in ``on_setup`` and writes ``aggregate`` and its state."""
+    extras, weighting and models are the inner's (``self.inner``, a FedAvg subclass); the loop
+    reads them from the instance. The inner's state is part of the wrapper's (under ``inner``,
+    :meth:`~fedlightning.server.server_state.ServerState.children`), and the pairing rules see
+    through the wrapper (:mod:`fedlightning.loop.pairing`). A subclass sets ``self.inner``, sets
+    the inner up in ``on_setup``, writes ``aggregate`` and declares its own state."""
 
     inner: FedAvg
 
@@ -38,9 +40,6 @@ class WrappingAggregator(Aggregator):
 
     def deployables(self) -> dict[str, StateDict]:
         return self.inner.deployables()
-
-    def declared_states(self) -> dict[str, str]:
-        return self.inner.declared_states()
 
     def check_byzantine(self, per_round: int, byzantine: int) -> None:
         self.inner.check_byzantine(per_round, byzantine)
