@@ -24,6 +24,10 @@ CONF = Path(__file__).parent / "conf"
 
 
 class Recording(FedAvg):
+    """Keeps every upload's client metrics for the test to read (not server state: transient)."""
+
+    transient_attributes = FedAvg.transient_attributes | {"metrics"}
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.metrics = []
@@ -202,5 +206,5 @@ def test_a_checkpoint_from_before_the_option_resumes_as_false(tmp_path):
 
 DERIVED_FIELDS = (
     "dataset", "num_clients", "seed", "partition_hash", "architecture", "client_state",
-    "backend_results", "library_version",
+    "server_state", "backend_results", "library_version",
 )  # fmt: skip
