@@ -17,13 +17,17 @@ always writes NaN fails the run. Last, a non-finite final global model
 
 The state is restored to what it was before this round's aggregation: with ``eval_every > 1`` an
 earlier, unevaluated round may already have made the model useless while keeping it finite.
+
+The guard is a round component (docs/algorithms.md section 6.2): it copies the state at
+``on_aggregating``, checks it at ``on_aggregated``, discards a non-finite row at ``on_evaluated``
+(so the components after it do not see that row) and names a non-finite final model at
+``on_run_end``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -32,7 +36,7 @@ from fedlightning.errors import RunStopped
 from fedlightning.loop.failures import all_finite
 from fedlightning.loop.summary import RunSummary
 from fedlightning.placement import move
-from fedlightning.protocol import Upload
+from fedlightning.round_components import Round, RoundComponent, Row
 from fedlightning.server.base import Aggregator
 
 log = logging.getLogger("fedlightning")
@@ -62,7 +66,7 @@ def _non_finite_paths(value: Any, path: str):
         yield path
 
 
-class ServerGuard:
+class ServerGuard(RoundComponent):
     """Keeps the server state finite across a run (see the module docstring).
 
     Args:
@@ -88,21 +92,27 @@ class ServerGuard:
         self._failed: int | None = None  # the last round that failed here
 
     @property
-    def name(self) -> str:
+    def aggregator_name(self) -> str:
         return type(self.aggregator).__name__
 
-    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
-        """``aggregator.aggregate(round_index, uploads)``, undone if it leaves non-finite state."""
+    def on_aggregating(self, round: Round) -> None:
         self._before = move(self.aggregator.state_dict(), self.device, copy=True)
-        self._aggregated = round_index
-        self.aggregator.aggregate(round_index, uploads)
+        self._aggregated = round.index
+
+    def on_aggregated(self, round: Round) -> None:
         entry = non_finite_entry(self.aggregator.state_dict())
         if entry is not None:
             self._fail(
-                round_index,
-                f"{self.name}'s server state is not finite after aggregation ({entry} holds "
+                round.index,
+                f"{self.aggregator_name}'s server state is not finite after aggregation ({entry} holds "
                 "NaN/Inf)",
             )
+
+    def on_evaluated(self, round: Round, row: Row) -> Row | None:
+        return None if self.evaluation_failed(round.index, row) else row
+
+    def on_run_end(self, failing: bool) -> str | None:
+        return self.final_model_problem(self.aggregator.global_state())
 
     def evaluation_failed(self, round_index: int, metrics: dict[str, float]) -> bool:
         """Whether the round's evaluation gave a non-finite ``*test_loss``; if so, the round fails
@@ -115,7 +125,7 @@ class ServerGuard:
             losses = ", ".join(f"{k}={metrics[k]}" for k in bad)
             self._fail(
                 round_index,
-                f"the model aggregated by {self.name} has a non-finite test loss ({losses})",
+                f"the model aggregated by {self.aggregator_name} has a non-finite test loss ({losses})",
             )
         return True
 
@@ -126,7 +136,7 @@ class ServerGuard:
         if entry is None:
             return None
         return (
-            f"the final global model of {self.name} is not finite ({entry} holds NaN/Inf), so it "
+            f"the final global model of {self.aggregator_name} is not finite ({entry} holds NaN/Inf), so it "
             "is not saved as global.pt"
         )
 
