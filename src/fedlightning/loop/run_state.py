@@ -1,14 +1,15 @@
 """What start-up resolved for one ``FederatedLoop.fit``: the :class:`RunState` the rounds consume.
 
 :func:`fedlightning.loop.startup.prepare_run` builds it (every check passed, nothing written
-yet); the loop keeps it for the length of the run and updates only ``last_checkpoint``. The loop's
+yet); the loop keeps it for the length of the run, and the checkpoint writer updates
+``last_checkpoint``. The loop's
 own attributes are its options and its components, all set in ``FederatedLoop.__init__``: no
 start-up function assigns them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedlightning.compute import Compute
@@ -16,6 +17,7 @@ from fedlightning.loop.byzantine import Adversary
 from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_device import ServerDevice
 from fedlightning.protocol import FitConfig
+from fedlightning.round_components import RoundComponent
 
 
 @dataclass
@@ -47,6 +49,9 @@ class RunState:
             ``None``: no attack.
         scoring: what every evaluation scores the deployables with, and what ``models.pt``
             records (:mod:`fedlightning.loop.scoring_model`).
+        components: the run's round components, in order (:mod:`fedlightning.loop.components`,
+            docs/algorithms.md section 6.2).
+        ended: the components' ``on_run_end`` has run (it runs once per run).
     """
 
     clients_per_round: int
@@ -61,3 +66,5 @@ class RunState:
     fit_config: FitConfig
     adversary: Adversary | None
     scoring: ScoringModel
+    components: list[RoundComponent] = field(default_factory=list)
+    ended: bool = False
