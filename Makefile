@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test test-all bench bench-peers lint clean
+.PHONY: help install demo test test-all notebooks bench bench-peers bench-gpu gpu-wheels lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -25,6 +25,10 @@ test: install  ## the test suite without the tests marked slow (CPU, tiny data, 
 test-all: install  ## every test, including those marked slow (Ray, SIGKILL resume, notebooks)
 	$(PY) -m pytest -m "slow or not slow"
 
+notebooks: install  ## run every notebook at full size; each copy with its outputs goes to notebooks/runs/<name>.ipynb (notebook 01: 30 CPU-s)
+	mkdir -p notebooks/runs
+	$(VENV)/bin/jupyter execute --output='runs/{notebook_name}' notebooks/*.ipynb
+
 bench: install  ## loop overhead against a hand-written PyTorch loop, and scaling tables
 	$(PY) benchmarks/overhead.py --threads 1 --repeats 3
 	$(PY) benchmarks/scaling.py
@@ -38,6 +42,15 @@ bench-peers: install  ## Flower 1.42 in its own .venv-peers (sees .venv's torch)
 		pathspec pycryptodome sqlalchemy starlette tomli tomli-w typer uvicorn 'protobuf>=5.28,<7' \
 		'rich>=14,<15' 'packaging<26'
 	$(PY) benchmarks/cohort.py --quick
+
+bench-gpu: install  ## the whole GPU set (determinism, resume, FedCross CNN, scaling, auto, precisions) in under 8 minutes; tables in runs/gpu_all.txt
+	$(PY) benchmarks/gpu_all.py --out runs/gpu_all.txt
+
+WHEELS := jsonargparse==4.53.0 docstring_parser==0.18.0 typeshed_client==2.15.0
+gpu-wheels:  ## the CLI's parser as wheels in .whl (ignored by git), for a GPU machine that lacks them (benchmarks/gpu_all.py)
+	exclude=$$(git rev-parse --git-path info/exclude); grep -qx '/.whl/' $$exclude || echo '/.whl/' >> $$exclude
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux2014_x86_64 -d .whl $(WHEELS)
 
 lint: install  ## ruff lint and format check
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -23,7 +23,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import FedAvg
 from flwr.simulation import run_simulation
 
-from cohort import AUTOCAST, evaluate, make, warm
+from cohort_work import AUTOCAST, evaluate, make, warm
 from fedlightning.seeding import derive_seed
 
 

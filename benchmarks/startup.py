@@ -18,12 +18,20 @@ Imports only one side needs are not charged to the other: the hand-written progr
 torch.optim's one-time import of ``torch._dynamo`` (seconds) before its round clock, as
 fedlightning's process loads it with Lightning's imports before its rounds (so ``rounds s``
 compares rounds; ``whole s`` includes it on both sides). The lines after the table give the wall
-time of processes that only import each side's modules, and the modules ``import fedlightning.cli``
-loads that the hand-written loop never needs, by package, with their import time (self time of
-``python -X importtime``, which inflates it).
+time of processes that only import each side's modules, and the modules ``fedlightning fit``
+loads before it parses (:data:`FEDLIGHTNING_IMPORTS`) that the hand-written loop never needs, by
+package, with their import time (self time of ``python -X importtime``, which inflates it).
+
+The second table is the front door (issue 34): the CPU time (user + system, of the process and
+its children) of ``fedlightning --version``, ``--help``, ``list``, a bare ``fit`` and the
+refusals that need no class (an unknown subcommand, a missing config), each against
+``python -c "import torch"`` measured interleaved with them; their budget is 1.3x that (they
+import neither torch nor Lightning). ``fit --help`` and a misplaced class name are shown for
+comparison: they need the classes' signatures, so Lightning.
 
     python benchmarks/startup.py                       # the quickstart (30 rounds), 3 repeats
     python benchmarks/startup.py --rounds 5 --repeats 1
+    python benchmarks/startup.py --front-door-only --repeats 5
 """
 
 from __future__ import annotations
@@ -51,7 +59,24 @@ HAND_IMPORTS = (
     "import torch, sklearn.datasets, sklearn.model_selection; "
     "torch.optim.SGD([torch.zeros(1, requires_grad=True)]).zero_grad()"
 )
-FEDLIGHTNING_IMPORTS = "import fedlightning.cli"
+#: what ``fedlightning fit`` imports before it parses: the command, Lightning's CLI and every class
+#: a config can name
+FEDLIGHTNING_IMPORTS = "import fedlightning.cli_fit as fit; fit.import_named_classes()"
+#: the front door's commands: label -> (arguments, whether its budget is 1.3x importing torch)
+FRONT_DOOR = {
+    "--version": (["--version"], True),
+    "--help": (["--help"], True),
+    "list": (["list"], True),
+    "fit (bare)": (["fit"], True),
+    "unknown subcommand": (["fitt"], True),
+    "missing config": (["fit", "-c", "configs/quickstart.yml"], True),
+    "fit --help": (["fit", "--help"], False),
+    "misplaced class": (
+        ["fit", "-c", "configs/quickstart.yaml", "--loop.aggregator", "FedProx"],
+        False,
+    ),
+}
+BUDGET = 1.3
 
 
 def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -115,7 +140,7 @@ def imported_self_times(env: dict[str, str], code: str) -> dict[str, float]:
 
 
 def only_fedlightning_needs(env: dict[str, str], top: int = 8) -> list[str]:
-    """The packages ``import fedlightning.cli`` loads that the hand-written loop never imports,
+    """The packages :data:`FEDLIGHTNING_IMPORTS` loads that the hand-written loop never imports,
     by their summed self import time (``torch`` split one level further: ``torch.onnx``...)."""
     hand = imported_self_times(env, HAND_IMPORTS)
     ours = imported_self_times(env, FEDLIGHTNING_IMPORTS)
@@ -133,6 +158,59 @@ def only_fedlightning_needs(env: dict[str, str], top: int = 8) -> list[str]:
     ]
 
 
+def cpu_time(command: list[str], env: dict[str, str]) -> float:
+    """User + system CPU seconds of ``command`` run to its end (exit status not checked: the
+    refusals exit 2)."""
+    before = os.times()
+    subprocess.run(command, env=env, cwd=ROOT, capture_output=True, check=False)
+    after = os.times()
+    return (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
+
+
+def front_door(repeats: int, threads: int) -> Table:
+    """The front-door table (module docstring): ``import torch`` and each command, interleaved,
+    ``repeats`` times after one untimed round."""
+    env = _environment(threads)
+    torch_import = [sys.executable, "-c", "import torch"]
+    times: dict[str, list[float]] = {"python -c 'import torch'": []}
+    times.update({label: [] for label in FRONT_DOOR})
+    for index in range(repeats + 1):
+        measured = {"python -c 'import torch'": cpu_time(torch_import, env)}
+        for label, (args, _) in FRONT_DOOR.items():
+            command = [sys.executable, "-m", "fedlightning.cli", *args]
+            measured[label] = cpu_time(command, env)
+        if index > 0:  # the first round warms the file cache
+            for label, seconds in measured.items():
+                times[label].append(seconds)
+    torch_s = times.pop("python -c 'import torch'")
+    table = Table(
+        title=f"front door: CPU s (user + system), median (range) of {repeats}, interleaved; "
+        f"budget {BUDGET}x importing torch",
+        caption="budget -: the command parses classes (Lightning's imports are its work)",
+    )
+    for column in ("command", "CPU s", "x import torch", "budget"):
+        table.add_column(column, justify="right")
+    table.add_row("python -c 'import torch'", spread(torch_s), "1.00", "")
+    for label, seconds in times.items():
+        ratios = [a / b for a, b in zip(seconds, torch_s, strict=True)]
+        within = FRONT_DOOR[label][1]
+        verdict = ("ok" if statistics.median(ratios) <= BUDGET else "OVER") if within else "-"
+        table.add_row(f"fedlightning {label}", spread(seconds), spread(ratios), verdict)
+    return table
+
+
+def _environment(threads: int) -> dict[str, str]:
+    """This process's environment with ``threads`` OMP threads and this checkout's sources first."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = (
+        src + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else src
+    )
+    return env
+
+
 def spread(values: list[float], digits: int = 2) -> str:
     """``median (min-max)``."""
     return (
@@ -144,11 +222,7 @@ def spread(values: list[float], digits: int = 2) -> str:
 def measure(rounds: int, repeats: int, threads: int, warmup: int = 1) -> tuple[Table, list[str]]:
     """Run both sides interleaved (``warmup`` pairs dropped, then ``repeats`` timed pairs); the
     table and the import lines (module docstring)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    src = str(ROOT / "src")
-    env["PYTHONPATH"] = (
-        src + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else src
-    )
+    env = _environment(threads)
     ours: list[tuple[float, float]] = []
     hand: list[tuple[float, float]] = []
     imports: dict[str, list[float]] = {FEDLIGHTNING_IMPORTS: [], HAND_IMPORTS: []}
@@ -198,11 +272,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed pairs")
     parser.add_argument("--warmup", type=int, default=1, help="untimed pairs first")
     parser.add_argument("--threads", type=int, default=1, help="OMP/torch threads on both sides")
+    parser.add_argument(
+        "--front-door-only", action="store_true", help="only the front-door table (no quickstart)"
+    )
     args = parser.parse_args()
-    table, lines = measure(args.rounds, args.repeats, args.threads, args.warmup)
-    Console(width=120).print(table)
-    for line in lines:
-        print(line)
+    console = Console(width=120)
+    if not args.front_door_only:
+        table, lines = measure(args.rounds, args.repeats, args.threads, args.warmup)
+        console.print(table)
+        for line in lines:
+            print(line)
+    console.print(front_door(args.repeats, args.threads))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ two algorithms of a seed share all of them. Accuracy is the global model's test 
 360 held-out digits: ``final`` = mean over the last 5 evaluations, ``best`` = best evaluation.
 
     python experiments/fedcross.py                            # both studies, about 12 min, 1 thread
-    python experiments/fedcross.py --rounds 20 --seeds 1 --no-ablation   # a quick look
+    python experiments/fedcross.py --rounds 20 --seeds 1 --no-ablation   # a smoke test (says so)
     python experiments/fedcross.py --rounds 300 --seeds 1 --no-ablation --eval-every 5 \
         --out runs/experiments/fedcross_long                  # the long horizon, about 8 min
     python experiments/fedcross.py --recipe paper --dataset mnist5k --betas 0.1 --rounds 300 \
@@ -35,6 +35,7 @@ import argparse
 import csv
 import logging
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -45,15 +46,18 @@ import torch
 from lightning.fabric.utilities.seed import seed_everything
 from rich.console import Console
 from rich.table import Table
-from tables import mean_std
+from tables import mean_std, over_seeds, smoke_test_line
 
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.analysis.plots import round_axis
 from fedlightning.server import FedAvg, FedCross
 
+#: the tables' rounds; fewer make a smoke test, and the output says so
+TABLE_ROUNDS = 70
 ALPHAS = (0.5, 0.9, 0.99, 0.999)
 RULES = ("lowest_similarity", "in_order", "highest_similarity")
-console = Console()
+#: off a terminal (a log file, a pipe) lines and tables keep their full width, not 80 columns
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 1000)
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=70)
+    parser.add_argument("--rounds", type=int, default=TABLE_ROUNDS)
     parser.add_argument("--dataset", choices=["digits", "mnist5k"], default="digits")
     parser.add_argument("--network", default="cnn")
     parser.add_argument("--recipe", choices=["default", "paper"], default="default")
@@ -188,11 +192,14 @@ def main() -> None:
             handle.write(markdown(table) + "\n")
     plot(curves, args, args.out / "curves.png")
     console.print(f"{len(runs)} runs in {elapsed / 60:.1f} min; results in {args.out}")
+    smoke = smoke_test_line(args.rounds, TABLE_ROUNDS)
+    if smoke:
+        console.print(smoke)
 
 
 def main_table(curves: dict[Run, list], args: argparse.Namespace) -> Table:
     table = Table(
-        title=f"{args.dataset}, {args.clients} clients, {args.per_round}/round, {args.rounds} rounds, {args.seeds} seeds: final (best) test acc %, rounds to target"
+        title=f"{args.dataset}, {args.clients} clients, {args.per_round}/round, {args.rounds} rounds, {over_seeds(list(range(args.seeds)))}: final (best) test acc %, rounds to target"
     )
     columns = ["beta", "FedAvg final", "FedCross final", "FedAvg best", "FedCross best"]
     for target in args.targets:
@@ -218,7 +225,7 @@ def ablation_table(curves: dict[Run, list], args: argparse.Namespace) -> Table:
     seeds = range(args.ablation_seeds)
     reference = mean_std([final(curves[Run("fedavg", args.ablation_beta, s)]) for s in seeds])
     table = Table(
-        title=f"ablation, beta {args.ablation_beta}, {args.rounds} rounds: final test acc % (FedAvg {reference})"
+        title=f"ablation, beta {args.ablation_beta}, {args.rounds} rounds, {over_seeds(list(seeds))}: final test acc % (FedAvg {reference})"
     )
     table.add_column("selection")
     for alpha in ALPHAS:

@@ -18,7 +18,7 @@ under the table (``DEVIATIONS``). Rows, each mean ± std over seeds, after the l
 The paper's column (full MNIST, 60,000 images): Non-IID(3), MLP: FedAvg 90.46, FML 93.77.
 
     python experiments/fml.py                      # 3 seeds, Non-IID(3), the recipe above
-    python experiments/fml.py --rounds 10 --seeds 1 --non-iid 1
+    python experiments/fml.py --rounds 10 --seeds 1 --non-iid 1     # a smoke test (says so)
 
 Writes ``results.csv`` and ``table.md`` under ``--out`` (default ``runs/experiments/fml``).
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
-from tables import mean_std
+from tables import mean_std, over_seeds, smoke_test_line
 
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, ClientModule
@@ -111,13 +111,14 @@ def table_lines(results: dict[str, list[dict[str, float]]], args: argparse.Names
     title = (
         f"mnist5k, 5 clients, Non-IID({args.non_iid}) = {fml_non_iid_shards(args.non_iid)} shards "
         f"a client, MLP, {args.rounds} rounds, E={args.local_epochs}, B={args.batch_size}, "
-        f"{args.seeds} seeds: accuracy % (mean ± std)"
+        f"accuracy %, {over_seeds(list(range(args.seeds)))}"
     )
     lines = [f"**{title}**", "", "| model | mnist5k | paper (MNIST, Table 1) |", "|---|---|---|"]
     for name, values in rows:
         reference = paper.get(name)
         lines.append(f"| {name} | {mean_std(values)} | {'-' if reference is None else reference} |")
-    return lines + [""] + recipe_lines(args)
+    smoke = smoke_test_line(args.rounds, CODE_RECIPE["rounds"])
+    return lines + [""] + recipe_lines(args) + (["", smoke] if smoke else [])
 
 
 def main() -> None:

@@ -22,7 +22,10 @@ Reported after the last round (mean +- std over seeds, %): each group's model wi
 (or its group's) weights on the global test set, and their mean (the paper's headline number).
 
     python experiments/hetero.py                         # the table (3-6 min, 1 thread)
-    python experiments/hetero.py --rounds 3 --seeds 0    # a quick look
+    python experiments/hetero.py --rounds 3 --seeds 0    # a smoke test (its output says so)
+
+With fewer rounds than the table's 20 the output ends with a SMOKE TEST line; one seed prints
+each cell's value (no spread).
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
+from tables import mean_std, over_seeds, smoke_test_line
 
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import ClientModule
 from fedlightning.server import Aggregator, FedAvg, InCo
 
+#: the table's rounds; fewer make a smoke test, and the output says so
+TABLE_ROUNDS = 20
 GROUPS = ["resnet10", "resnet14", "resnet18", "resnet22", "resnet26"]
 
 METHODS: dict[str, Callable[[], Aggregator]] = {
@@ -83,11 +89,12 @@ def run(method: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
+    """Run the table (or the smaller run ``argv`` asks for), print it and return its text."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=TABLE_ROUNDS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--num-clients", type=int, default=20)
@@ -97,7 +104,7 @@ def main() -> None:
     parser.add_argument("--beta", type=float, default=0.5, help="Dirichlet concentration")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/hetero"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
 
@@ -115,15 +122,13 @@ def main() -> None:
     total = time.perf_counter() - started
 
     def cell(method: str, key: str) -> str:
-        values = [float(r[key]) for r in rows if r["method"] == method]
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{100 * statistics.mean(values):.1f} ± {100 * std:.1f}"
+        return mean_std([float(r[key]) for r in rows if r["method"] == method], decimals=1)
 
     lines = [
         f"\ndigits, {args.num_clients} clients in 5 ResNet groups (width {args.width}), "
         f"Dirichlet({args.beta}), {args.rounds} rounds x {args.clients_per_round} clients x "
-        f"{args.local_epochs} local epochs, Adam 1e-3, seeds {args.seeds}; test accuracy in %, "
-        f"mean ± std; {total:.0f} s in all\n",
+        f"{args.local_epochs} local epochs, Adam 1e-3; test accuracy in %, "
+        f"{over_seeds(args.seeds)}; {total:.0f} s in all\n",
         "| method | " + " | ".join(GROUPS) + " | mean | s/run |",
         "|---" * (len(GROUPS) + 3) + "|",
     ]
@@ -141,10 +146,12 @@ def main() -> None:
             frac = statistics.mean(float(r["inco_conflict_frac"]) for r in mine)
             angle = statistics.mean(float(r["inco_beta_deg_mean"]) for r in mine)
             lines.append(f"- {method}: conflict share {frac:.2f}, mean beta {angle:.1f} degrees")
-    text = "\n".join(lines) + "\n"
+    smoke = smoke_test_line(args.rounds, TABLE_ROUNDS)
+    text = "\n".join(lines + ([f"\n{smoke}"] if smoke else [])) + "\n"
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "table.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":

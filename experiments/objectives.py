@@ -16,7 +16,11 @@ Columns (mean +- std over seeds, after the last round):
                 every client that has one (compare with val_acc, not with test_acc)
 
     python experiments/objectives.py                        # the full table (about 10 min, 1 thread)
-    python experiments/objectives.py --rounds 3 --seeds 0   # a quick look
+    python experiments/objectives.py --rounds 3 --seeds 0   # a smoke test (its output says so)
+
+With fewer rounds than the table's 30 the output ends with a SMOKE TEST line: after 3 rounds most
+methods still predict one class and print the same accuracy. One seed prints each cell's value
+(no spread).
 """
 
 from __future__ import annotations
@@ -33,10 +37,14 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
+from tables import mean_std, over_seeds, smoke_test_line
 
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, MOON, ClientModule, FedNovaClient, FedProx, ScaffoldClient
 from fedlightning.server import FedAvg, FedNova, Scaffold
+
+#: the table's rounds; fewer make a smoke test, and the output says so
+TABLE_ROUNDS = 30
 
 RECIPE = dict(
     network="cnn",
@@ -101,11 +109,12 @@ def run(method: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
+    """Run the table (or the smaller run ``argv`` asks for), print it and return its text."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=TABLE_ROUNDS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--num-clients", type=int, default=20)
@@ -116,7 +125,7 @@ def main() -> None:
     parser.add_argument(
         "--csv", type=Path, default=None, help="also write every run's numbers here"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
 
@@ -144,28 +153,31 @@ def main() -> None:
         finite = [v for v in values if math.isfinite(v)]
         if len(finite) < len(values):
             return f"diverged ({len(values) - len(finite)} of {len(values)} seeds)"
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        return f"{100 * statistics.mean(values):.2f} ± {100 * std:.2f}"
+        return mean_std(values)
 
-    print(
+    lines = [
         f"\ndigits, {args.num_clients} clients, Dirichlet({args.beta}), {args.rounds} rounds x "
-        f"{args.clients_per_round} clients x {args.local_epochs} local epochs, seeds {args.seeds}; "
-        f"accuracy in %, mean ± std; {total:.0f} s in all\n"
-    )
-    print("| method | test_acc | val_acc | personal_acc | s/run |")
-    print("|---|---|---|---|---|")
+        f"{args.clients_per_round} clients x {args.local_epochs} local epochs; accuracy in %, "
+        f"{over_seeds(args.seeds)}; {total:.0f} s in all\n",
+        "| method | test_acc | val_acc | personal_acc | s/run |",
+        "|---|---|---|---|---|",
+    ]
     for method in args.methods:
         seconds = statistics.mean(float(r["time_s"]) for r in rows if r["method"] == method)
-        print(
+        lines.append(
             f"| {method} | {cell(method, 'test_acc')} | {cell(method, 'val_acc')} | "
             f"{cell(method, 'personal_acc')} | {seconds:.0f} |"
         )
+    smoke = smoke_test_line(args.rounds, TABLE_ROUNDS)
+    text = "\n".join(lines + ([f"\n{smoke}"] if smoke else []))
+    print(text)
     if args.csv:
         keys = ["method", "seed", "test_acc", "val_acc", "personal_acc", "time_s"]
         with open(args.csv, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
+    return text
 
 
 if __name__ == "__main__":

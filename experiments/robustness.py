@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.seed import seed_everything
-from tables import mean_std
+from tables import mean_std, over_seeds
 
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.attacks import (
@@ -254,7 +254,7 @@ def tables(rows: list[dict[str, str]], args: argparse.Namespace) -> str:
     fractions = [f"{f:.0%}" for f in args.fractions]
     out = []
     for attack in args.attacks:
-        out += [f"\n{ATTACKS[attack][0]}: test accuracy (%), mean ± std over seeds {args.seeds}\n",
+        out += [f"\n{ATTACKS[attack][0]}: test accuracy (%), {over_seeds(args.seeds)}\n",
                 "| aggregator | no attack | " + " | ".join(fractions) + " |",
                 "|---" * (2 + len(fractions)) + "|"]  # fmt: skip
         for name in args.aggregators:

@@ -19,6 +19,22 @@ torch.set_num_threads(1)
 CONF = Path(__file__).parent / "conf"
 
 
+def overridden(args: list[str] | tuple[str, ...]) -> list[str]:
+    """``args`` (a helper's defaults, then a case's own options: ``--option [value]`` words)
+    with each option given once, at its last value and place; an option given twice with two
+    values is refused, as users get it."""
+    given: dict[str, list[str]] = {}
+    i = 0
+    while i < len(args):
+        value = list(args[i + 1 : i + 2]) if i + 1 < len(args) else []
+        if value and value[0].startswith("--"):
+            value = []  # a flag
+        given.pop(args[i], None)
+        given[args[i]] = [args[i], *value]
+        i += 1 + len(value)
+    return [word for option in given.values() for word in option]
+
+
 def run_cli(run_dir: Path, *args: str, config: str = "tiny.yaml") -> list[dict[str, str]]:
     """Run ``fedlightning fit`` in-process on a test config; return the rows of metrics.csv."""
     sys.argv = ["fedlightning"]  # LightningCLI warns when both sys.argv and args are given

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import CONF, run_cli
+from fedlightning.cli import main
 
 AGG = "--loop.aggregator"
 HF = ["--data.dataset", "huggingface", "--data.partition", "iid", "--data.root"]
@@ -66,7 +67,7 @@ CASES = [
     (["--loop.run_dir", "   "], r"loop.run_dir='   ' is not allowed"),
     (["--loop.run_dir", "{made}/file.txt"], r"loop.run_dir='.*file.txt' is a file"),
     (["--loop.run_dir", "{made}/file.txt/sub"], r"loop.run_dir='.*sub' lies under the file"),
-    (["--loop.run_dir", "{made}/done"], r"already holds another run's results \(metrics.csv, last.ckpt, global.pt\).*--loop.overwrite true"),
+    (["--loop.run_dir", "{made}/done"], r"already holds another run's results \(metrics.csv, last.ckpt, global.pt, models.pt\).*--loop.overwrite true"),
     (["--loop.run_dir", "{made}/done", "--ckpt_path", "{made}/copied.ckpt"], r"already holds another run's results"),
     (["--loop.log_every", "0"], r"loop.log_every=0 .*>= 1"),
     (["--loop.max_skipped_fraction", "1.5"], r"loop.max_skipped_fraction=1.5 .*\[0, 1\]"),
@@ -138,6 +139,10 @@ CASES = [
     ([AGG, "user_clients.RaisingAggregator"], r"user_clients.RaisingAggregator\(\.\.\.\) raised ValueError: beta=0.5 needs SERVER_KEY in the environment \(at user_clients.py:\d+\)"),
     (["--model", "user_clients.RaisingObjective"], r"user_clients.RaisingObjective\(\.\.\.\) raised RuntimeError: no label smoothing table for eps=0.1"),
     (["--config", "{made}/latin1.yaml"], r"--config '.*latin1.yaml' is not UTF-8 text: byte 0xe9 at line 2, column 19 cannot be decoded; save the file as UTF-8"),
+    # one value per option (issue 33): a key twice in one YAML mapping, an option twice with two values
+    (["--config", "{made}/twice.yaml"], r"--config '.*twice.yaml' gives loop.rounds twice \(line 2 and line 4\) in one mapping, and YAML would silently keep the last: keep one of them$"),
+    (["--config", "{made}/dp_twice.yaml"], r"gives loop.aggregator.init_args.noise_multiplier twice \(line 5 and line 6\)"),
+    (["--loop.rounds", "2", "--loop.rounds=3"], r"--loop.rounds is given twice on the command line, as '2' and as '3': give it once"),
     (["--loop.run_dir", "{made}/" + "r" * 300], r"loop.run_dir='.*'... is not allowed: its name 'r{30}'... is 300 bytes long, more than the 255 bytes a file name may have"),
     (["--ckpt_path", "{made}/" + "c" * 300 + ".ckpt"], r"the name 'c{40}'... is 305 bytes long, more than the 255 bytes"),
     (["--data.dataset", "femnist", "--data.root", "{made}/" + "d" * 256], r"the name 'd{40}'... is 256 bytes long"),
@@ -217,6 +222,11 @@ def made(tmp_path_factory):
     _leaf(root / "leaf_empty_test", {"u0": ([image], [1])}, {})
     _hugging_face(root)
     (root / "latin1.yaml").write_bytes(b"loop:\n  rounds: 2  # caf\xe9\n")
+    (root / "twice.yaml").write_text("loop:\n  rounds: 2\n  clients_per_round: 4\n  rounds: 3\n")
+    (root / "dp_twice.yaml").write_text(
+        "loop:\n  aggregator:\n    class_path: fedlightning.privacy.ClientLevelDP\n"
+        "    init_args:\n      noise_multiplier: 1.0\n      noise_multiplier: 0.01\n"
+    )
     return root
 
 
@@ -259,11 +269,14 @@ def _hugging_face(root):
 
 
 @pytest.mark.parametrize(("args", "message"), CASES, ids=[" ".join(a)[-60:] for a, _ in CASES])
-def test_bad_option_is_refused_before_training(cli, tmp_path, capsys, made, args, message):
+def test_bad_option_is_refused_before_training(tmp_path, capsys, monkeypatch, made, args, message):
+    monkeypatch.setattr("sys.argv", ["fedlightning"])
     before = {p: p.read_bytes() for p in (made / "done").iterdir() if p.is_file()}
     args = [a.replace("{made}", str(made)) for a in args]
+    if "--loop.run_dir" not in args:  # the cases that name one give it once
+        args = ["--loop.run_dir", str(tmp_path / "bad"), *args]
     with pytest.raises(SystemExit) as exit_info:
-        cli(tmp_path / "bad", *args)
+        main(["fit", "--config", str(CONF / "tiny.yaml"), *args])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert re.search(message, err, re.S), err[-2000:]

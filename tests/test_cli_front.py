@@ -8,9 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedlightning import ClientModule, FederatedDataModule, FederatedLoop, __version__
+from fedlightning import (
+    ClientModule,
+    ConfigurationError,
+    FederatedDataModule,
+    FederatedLoop,
+    __version__,
+)
 from fedlightning.cli import main
-from fedlightning.cli_help import SUBCOMMANDS, plain
+from fedlightning.cli_help import FIT_EPILOG, SUBCOMMANDS, plain
 
 ROOT = Path(__file__).parents[1]
 RST = re.compile(r"``|:(func|class|mod|meth|attr):")
@@ -27,9 +33,9 @@ def run_main(capsys, *args):
 def test_help_lists_every_subcommand_and_version(capsys):
     code, out, _ = run_main(capsys, "--help")
     assert code == 0
-    for name in ("fit", "cofed", "plot", "flower-app"):
+    for name in ("fit", "cofed", "plot", "flower-app", "list", "test"):
         assert re.search(rf"^  {name}\s+\S", out, re.M), out
-    assert set(SUBCOMMANDS) == {"fit", "cofed", "plot", "flower-app"}
+    assert set(SUBCOMMANDS) == {"fit", "cofed", "plot", "flower-app", "list", "test"}
     code, out, _ = run_main(capsys, "--version")
     assert code == 0 and out.strip() == f"fedlightning {__version__}"
 
@@ -37,6 +43,13 @@ def test_help_lists_every_subcommand_and_version(capsys):
 def test_bare_fit_points_at_configs(capsys):
     code, _, err = run_main(capsys, "fit")
     assert code == 2 and "configs/quickstart.yaml" in err and "fit.model" not in err
+    assert "--fast_dev_run" in err and "--seeds 0 1 2" in err
+
+
+def test_fit_help_ends_with_the_options_fedlightning_adds(capsys):
+    code, out, _ = run_main(capsys, "fit", "--help")
+    assert code == 0
+    assert " ".join(out.split()[-30:]).endswith(" ".join(FIT_EPILOG.split()[-30:]))
 
 
 @pytest.mark.parametrize("command", ["fit", "cofed", "plot", "flower-app"])
@@ -71,6 +84,8 @@ def test_print_config_is_resolved(capsys):
     model = config["model"]["init_args"]
     assert (model["num_classes"], model["in_channels"], model["image_size"]) == (10, 1, 8)
     assert config["data"]["seed"] == 3 and config["data"]["num_clients"] == 7
+    # what runs where the config says nothing: the loop's AutoBackend, not `null`
+    assert config["loop"]["backend"]["class_path"] == "fedlightning.backends.AutoBackend"
 
 
 def test_print_config_without_data_says_why(capsys):
@@ -95,6 +110,27 @@ def test_python_api_run_writes_config_yaml(tmp_path):
     assert config["model"]["class_path"] == "fedlightning.clients.ClientModule"
     assert config["model"]["init_args"]["network"] == "mlp"
     assert config["data"]["num_clients"] == 4 and config["data"]["seed"] == 1
+
+
+def test_a_second_python_api_run_is_refused_with_the_python_api_s_advice(tmp_path):
+    """The README's Python block run twice: the refusal names the Python arguments that resume,
+    replace or move the run, not the command-line options."""
+
+    def run():
+        data = FederatedDataModule(dataset="digits", num_clients=4, partition="iid", seed=1)
+        model = ClientModule(network="mlp", num_classes=10, in_channels=1, image_size=8)
+        loop = FederatedLoop(rounds=1, clients_per_round=2, run_dir=str(tmp_path / "api"),
+                             progress_bar=False, plots=False)  # fmt: skip
+        loop.fit(model, datamodule=data)
+
+    run()
+    with pytest.raises(ConfigurationError) as refused:
+        run()
+    message = str(refused.value)
+    assert message.startswith(f"run_dir={str(tmp_path / 'api')!r} already holds another run's")
+    assert f"fit(..., ckpt_path={str(tmp_path / 'api' / 'last.ckpt')!r})" in message
+    assert "FederatedLoop(..., overwrite=True), or give FederatedLoop another run_dir" in message
+    assert "--" not in message
 
 
 def test_cli_run_keeps_its_parsed_config(cli, tmp_path):

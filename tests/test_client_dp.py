@@ -10,9 +10,11 @@ import pytest
 import torch
 
 pytest.importorskip("opacus")
+pytest.importorskip("dp_accounting")
 
-from fedlightning.errors import ConfigurationError
-from fedlightning.privacy import ClientLevelDP
+from fedlightning.errors import ConfigurationError, PluginError
+from fedlightning.privacy import ClientLevelDP, PrivacyAccountant
+from fedlightning.privacy.bounds import CLIP_RANGE, NOISE_RANGE
 from fedlightning.privacy.client_dp_maths import adaptive_clip_norm, clipped_sum
 from fedlightning.protocol import ClientKeys, StateDict, Upload
 from fedlightning.server import (
@@ -40,6 +42,13 @@ def dp(num_clients: int, rate: float, **options) -> ClientLevelDP:
     return aggregator
 
 
+def noiseless(aggregator: ClientLevelDP) -> None:
+    """Make the set-up ``aggregator`` release its estimator without the noise, to check the
+    estimator exactly; the noise is checked apart (test_the_added_noise_has_the_documented_std):
+    no allowed noise multiplier is small enough to hide (docs/algorithms.md section 7.4)."""
+    aggregator.statistic.update_noise = 0.0
+
+
 def test_each_update_is_clipped_as_one_vector_over_its_own_keys():
     server = {"a": torch.zeros(2), "b": torch.zeros(1), "n": torch.tensor(3)}
     big = {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([4.0]), "n": torch.tensor(9)}  # 5
@@ -57,8 +66,9 @@ def test_fixed_denominators_per_owned_key_and_integer_buffers_kept():
     keys = [ClientKeys("small", frozenset({"shared", "count"}))] * 2 + [
         ClientKeys("large", frozenset(initial))
     ] * 2
-    aggregator = dp(4, 0.5, noise_multiplier=1e-12, clip_norm=100.0)
+    aggregator = dp(4, 0.5, clip_norm=100.0)
     aggregator.setup(initial, 4, client_keys=keys, parameters=["shared", "big"])
+    noiseless(aggregator)
     uploads = [
         upload(0, {"shared": torch.tensor([1.0, 2.0]), "count": torch.tensor(9)}),
         upload(3, {"shared": torch.tensor([3.0, 0.0]), "big": torch.tensor([4.0]),
@@ -131,9 +141,10 @@ def test_adaptive_clip_norm_shrinks_when_every_update_is_unclipped():
 def test_server_optimizers_run_on_the_noised_mean():
     initial = {"w": torch.zeros(3)}
     for inner in (FedAvgM(weighting="uniform"), FedAdam(weighting="uniform")):
-        aggregator = ClientLevelDP(inner=inner, noise_multiplier=1e-12, clip_norm=100.0)
+        aggregator = ClientLevelDP(inner=inner, noise_multiplier=1.0, clip_norm=100.0)
         aggregator.plan("poisson", 0.5, 10, 1)
         aggregator.setup(initial, 4)
+        noiseless(aggregator)
         aggregator.aggregate(0, [upload(0, {"w": torch.tensor([2.0, 0.0, 0.0])})])
         # the mean is w + S / (q N) = [1, 0, 0]; the server optimizer steps from it
         reference = type(inner)(weighting="uniform")
@@ -181,6 +192,26 @@ def test_a_server_update_that_reads_uploads_fails_loudly():
         aggregator.aggregate(0, [upload(0, {"w": torch.ones(2)})])
 
 
+def test_a_wrong_server_update_of_the_inner_aggregator_is_one_error_naming_it():
+    """Inside ClientLevelDP the inner aggregator's hook gets the same checks as on its own: a
+    numpy array for a tensor is a PluginError naming the inner aggregator, the round and the key,
+    with numpy's dtype written apart from torch's; the server state is untouched."""
+    from user_clients import WrongServerUpdate
+
+    inner = WrongServerUpdate(how="numpy", weighting="uniform")
+    aggregator = ClientLevelDP(inner=inner, noise_multiplier=1.0)
+    aggregator.plan("poisson", 0.5, 10, 1)
+    aggregator.setup({"w": torch.zeros(2)}, 4)
+    before = aggregator.state_dict()["inner"]["weights"]["w"].clone()
+    with pytest.raises(PluginError, match=(
+        r"WrongServerUpdate.server_update \(round 1\) returned 'w' as a numpy.ndarray of dtype "
+        r"numpy.float32, shape \(2,\), but the server state holds a torch.Tensor of dtype "
+        r"torch.float32, shape \(2,\), on cpu"
+    )):  # fmt: skip
+        aggregator.aggregate(0, [upload(0, {"w": torch.ones(2)})])
+    assert torch.equal(aggregator.global_state()["w"], before)
+
+
 def test_the_accountant_never_goes_back_when_a_round_is_undone():
     aggregator = dp(4, 0.5)
     aggregator.setup({"w": torch.zeros(2)}, 4)
@@ -210,10 +241,11 @@ def test_within_groups_each_group_divides_by_its_own_expected_owners():
     initial = {"w": torch.zeros(2)}
     keys = [ClientKeys("a", frozenset({"w"}))] * 3 + [ClientKeys("b", frozenset({"w"}))]
     aggregator = ClientLevelDP(
-        inner=FedAvg(weighting="uniform", within_groups=True), noise_multiplier=1e-12, clip_norm=9.0
+        inner=FedAvg(weighting="uniform", within_groups=True), noise_multiplier=1.0, clip_norm=9.0
     )
     aggregator.plan("poisson", 0.5, 10, 1)
     aggregator.setup(initial, 4, client_keys=keys)
+    noiseless(aggregator)
     assert aggregator.statistic.denominators == {"a/w": 1.5, "b/w": 0.5}
     aggregator.aggregate(0, [upload(0, {"w": torch.tensor([3.0, 0.0])}),
                              upload(3, {"w": torch.tensor([0.0, 1.0])})])  # fmt: skip
@@ -246,3 +278,42 @@ def test_a_batchnorm_model_trains_under_client_level_dp(tmp_path):
     assert any(not torch.equal(final[k], initial[k]) for k in variances)  # noised, not skipped
     for key in (k for k in final if k.endswith("num_batches_tracked")):
         assert torch.equal(final[key], initial[key])
+
+
+def test_the_adaptive_clipping_norm_never_leaves_its_range():
+    """The geometric update of C is held in the range a given clip_norm may take: updates that are
+    always unclipped (a frozen model) shrink C towards its floor, never to 0 (then 0 / 0 in the
+    clipping); an absurd count-noise draw stops at the ceiling, never overflows."""
+    low, high = CLIP_RANGE
+    clip = 1.0
+    for _ in range(2000):  # every update unclipped: C shrinks by exp(-10 * 0.5) a round
+        clip, _ = adaptive_clip_norm(clip, 10, 10, 0.0, 10, 0.5, 10.0)
+        assert low <= clip <= high
+    assert clip == low
+    assert adaptive_clip_norm(1.0, 0, 10, -1e300, 10, 0.5, 10.0)[0] == high
+    assert adaptive_clip_norm(1.0, 10, 10, 1e300, 10, 0.5, 10.0)[0] == low
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"noise_multiplier": 1e300}, r"noise_multiplier=1e\+300 is not allowed: expected a number in \[0.3, 1e\+06\]"),
+        ({"noise_multiplier": 0.29}, r"noise_multiplier=0.29 is not allowed"),
+        ({"clip_learning_rate": 1e6}, r"clip_learning_rate=1000000.0 is not allowed: expected a number in \(0, 10\]"),
+        ({"clip_norm": float("inf")}, r"clip_norm=inf is not allowed: expected a number in \[1e-09, 1e\+09\]"),
+        ({"accountant": "gdp"}, r"accountant='gdp' is not allowed: expected 'pld' or 'prv' or 'rdp'"),
+    ],
+)  # fmt: skip
+def test_options_outside_their_range_are_refused_in_one_line(options, message):
+    with pytest.raises(ConfigurationError, match=message):
+        ClientLevelDP(**{"noise_multiplier": 1.0, **options})
+
+
+def test_the_accountants_evaluate_the_ends_of_the_noise_range():
+    """No overflow at the ends of the allowed noise multipliers (1e300 overflowed z^2 in every
+    accountant): each gives a finite epsilon >= 0 for one release at q = 1 and q = 1e-6."""
+    for z in NOISE_RANGE:
+        for q in (1.0, 1e-6):
+            for mechanism in ("pld", "rdp"):
+                epsilon = PrivacyAccountant(mechanism, [[z, q, 1]]).epsilon(1e-5)
+                assert 0 <= epsilon < math.inf

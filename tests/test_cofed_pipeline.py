@@ -26,9 +26,11 @@ def run_cofed(run_dir: Path, *args: str, config: str = "cofed_tiny.yaml") -> lis
         return list(csv.DictReader(handle))
 
 
-def test_image_pipeline_through_the_cli_writes_the_report(tmp_path):
+def test_image_pipeline_through_the_cli_writes_the_report(tmp_path, capsys):
     threads = torch.get_num_threads()
     rows = run_cofed(tmp_path / "run")
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("CoFED:")]
+    assert line.endswith(f"run directory {tmp_path / 'run'}")  # off a terminal: not 80 columns
     assert torch.get_num_threads() == threads  # num_threads: 1 is restored after the run
     run = tmp_path / "run"
     assert len(rows) == 4
@@ -115,14 +117,47 @@ def test_tabular_public_rows_come_from_the_pooled_marginals():
             r"participants.models=\['nope'\] is not allowed",
         ),
         (["--num_threads", "0"], r"num_threads=0 is not allowed"),
-    ],
+        # validated as fit validates its own (issue 33)
+        (["--seed", "-1"], r"seed=-1 is not allowed: expected an integer in \[0, 4294967295\]"),
+        (["--seed", str(2**32)], rf"seed={2**32} is not allowed"),
+        (
+            ["--seed", "1", "--seed", "2"],
+            r"--seed is given twice on the command line, as '1' and as '2'",
+        ),
+    ]
+    + (
+        []
+        if torch.cuda.is_available()
+        else [
+            (
+                ["--participants.init_args.accelerator", "gpu"],
+                r"participants.accelerator='gpu' but no CUDA GPU is available",
+            )
+        ]
+    ),
 )
 def test_bad_options_exit_with_a_clear_message_before_training(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         run_cofed(tmp_path / "bad", *args)
     assert exit_info.value.code == 2
-    assert re.search(message, capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert re.search(message, err) and "Traceback" not in err
     assert not (tmp_path / "bad" / "participants.csv").exists()
+
+
+def test_a_cofed_config_with_a_key_twice_is_refused_naming_both_lines(tmp_path, capsys):
+    text = (CONF / "cofed_tiny.yaml").read_text()
+    config = tmp_path / "twice.yaml"
+    config.write_text(text + "alpha: 0.9\n")  # the tiny config says alpha: 0.5 on line 5
+    with pytest.raises(SystemExit) as exit_info:
+        main(["cofed", "--config", str(config), "--run_dir", str(tmp_path / "bad")])
+    assert exit_info.value.code == 2
+    last = len(text.splitlines()) + 1
+    assert re.search(
+        rf"--config '.*twice.yaml' gives alpha twice \(line 5 and line {last}\) in one mapping",
+        capsys.readouterr().err,
+    )
+    assert not (tmp_path / "bad").exists()
 
 
 def test_bad_recipe_is_refused_by_the_parser(tmp_path, capsys):

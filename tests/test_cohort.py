@@ -176,7 +176,8 @@ def _assert_same_uploads(sequential, cohort, rtol, atol, mean=1e-7):
     ],
 )
 def test_stacked_optimizers_step_like_torch_per_client(cls, kwargs):
-    """Each client's slice takes exactly torch's step; a masked client keeps params and state."""
+    """Each client's slice takes exactly torch's step, in place when every client steps; a masked
+    client keeps its parameters and state."""
     from fedlightning.backends.cohort_optim import StackedOptimizer
 
     torch.manual_seed(0)
@@ -191,7 +192,8 @@ def test_stacked_optimizers_step_like_torch_per_client(cls, kwargs):
             if active[i]:
                 p.grad = grads[i].clone()
                 optimizer.step()
-        stacked.step(params, {"w": grads}, active)
+        # every client steps in the first three: the in-place path (no mask), then masked
+        stacked.step(params, {"w": grads}, None if bool(active.all()) else active)
     torch.testing.assert_close(params["w"], torch.stack([p.detach() for p in ps]), rtol=0, atol=0)
     for i, (p, optimizer) in enumerate(zip(ps, optimizers, strict=True)):
         expected = optimizer.state[p]
@@ -345,43 +347,3 @@ def test_ray_backend_without_ray_says_how_to_install(monkeypatch):
 
     with pytest.raises(ConfigurationError, match=r"fedlightning\[ray\]"):
         _ray()
-
-
-class FakeFabric:
-    def __init__(self, **kwargs):
-        self.device = torch.device("cuda")
-
-
-@pytest.mark.parametrize(
-    ("make", "on_gpu", "chosen", "reason"),
-    [
-        (lambda: ClientModule(**SYNTHETIC), False, SequentialBackend, "on the CPU"),
-        (lambda: ScaffoldClient(**SYNTHETIC), True, CohortBackend, "vectorized"),
-        (lambda: Manual(**SYNTHETIC), True, SequentialBackend, "manual optimization"),
-        (lambda: Scheduled(**SYNTHETIC), True, SequentialBackend, "LR schedulers"),
-    ],
-)
-def test_auto_backend_chooses_the_cohort_only_on_an_accelerator_where_it_applies(
-    make, on_gpu, chosen, reason, monkeypatch, capsys
-):
-    from fedlightning.backends import AutoBackend
-    from fedlightning.compute import Compute
-    from fedlightning.protocol import FitConfig
-
-    if on_gpu:
-        monkeypatch.setattr("fedlightning.compute.Fabric", FakeFabric)
-    backend = AutoBackend()
-    backend.check(make(), FitConfig(accelerator="cpu"), Compute.resolve("cpu", "32-true"))
-    assert type(backend.chosen) is chosen and reason in backend.reason
-    assert (
-        capsys.readouterr().err == ""
-    )  # said when the run starts: a refused run prints its error only
-
-
-def test_the_loop_defaults_to_auto_and_runs_sequential_fits_on_the_cpu(tmp_path, capsys):
-    from fedlightning.backends import AutoBackend
-
-    loop = _run(ClientModule(**SYNTHETIC), False, tmp_path, backend=None, rounds=1)
-    assert isinstance(loop.backend, AutoBackend)
-    assert isinstance(loop.backend.chosen, SequentialBackend)
-    assert "backend: auto chose SequentialBackend" in capsys.readouterr().err

@@ -11,6 +11,8 @@ from torchmetrics.classification import MulticlassAccuracy
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.evaluation import Evaluator, val_clients
+from fedlightning.loop.scoring_model import ScoringModel
+from fedlightning.state import ClientStore
 
 CPU = torch.device("cpu")
 
@@ -46,7 +48,7 @@ def test_the_test_metrics_are_torchmetrics_to_the_last_bit():
             logits = model(x)
             accuracy.update(logits, y)
             loss.update(torch.nn.functional.cross_entropy(logits, y, reduction="none"))
-    ours = Evaluator(CPU, nullcontext).test(model, dm.test_dataloader())
+    ours = Evaluator(ScoringModel(model, CPU, nullcontext)).test(model, dm.test_dataloader())
     assert ours == {"test_acc": float(accuracy.compute()), "test_loss": float(loss.compute())}
     assert 0 < ours["test_acc"] < 1
 
@@ -62,9 +64,11 @@ def test_the_scored_clients_are_a_seeded_sample_of_k_or_every_client():
 
 def test_val_acc_over_a_sample_is_the_mean_over_exactly_those_clients():
     dm, model = _data(), _model()
-    evaluator = Evaluator(CPU, nullcontext, seed=5, scored=4)
+    scoring = ScoringModel(model, CPU, nullcontext)
+    evaluator = Evaluator(scoring, seed=5, scored=4)
     scored = val_clients(5, 2, dm.num_clients, 4)
-    metrics = evaluator.evaluate(model, dm, {"global": model.network.state_dict()}, [], None, 2)
+    deployables = {"global": model.network.state_dict()}
+    metrics = evaluator.evaluate(dm, deployables, [], ClientStore(), 2)
     model.eval()
     per_client = []
     with torch.no_grad():
@@ -73,8 +77,8 @@ def test_val_acc_over_a_sample_is_the_mean_over_exactly_those_clients():
             if len(y):
                 per_client.append(float((model(x).argmax(1) == y).double().mean()))
     assert metrics["val_acc"] == pytest.approx(sum(per_client) / len(per_client), abs=1e-12)
-    everyone = Evaluator(CPU, nullcontext, seed=5, scored="all")
-    full = everyone.evaluate(model, dm, {"global": model.network.state_dict()}, [], None, 2)
+    everyone = Evaluator(scoring, seed=5, scored="all")
+    full = everyone.evaluate(dm, deployables, [], ClientStore(), 2)
     assert full["val_acc"] != metrics["val_acc"]  # 4 of 12 clients is not every client
     assert full["test_acc"] == metrics["test_acc"]
 

@@ -1,7 +1,8 @@
 """Secure aggregation on the Flower backend (Flower's SecAgg+): the node's vector and the server's
 stand-ins against the plain aggregate within the quantisation bound of docs/algorithms.md section
 2.7 (fast: Flower's own quantisation and unmasking arithmetic, without the network), the refusals
-(aggregators that need individual uploads, bad SecAgg+ options) before anything is written, and
+(aggregators that need individual uploads, upload attacks, bad SecAgg+ options) before anything
+is written, and
 (slow) a localhost federation with two SuperNodes, round 1 against the sequential backend and
 round 2 against a plain Flower round resumed from the same checkpoint.
 """
@@ -291,6 +292,34 @@ def test_aggregators_that_need_individual_uploads_are_refused_before_anything_is
         ])  # fmt: skip
     assert stopped.value.code == 2
     assert match in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("attack", ["SignFlip", "ALIE"])
+def test_an_upload_attack_is_refused_under_secure_aggregation(
+    tmp_path, capsys, monkeypatch, attack
+):
+    """SecAgg+ hands the server only the sum: the uploads the loop sees are stand-ins, and an
+    attack that replaced them after the secure sum changed the model by 0.048 against the
+    sequential backend's same attack (the bound is 7.6e-6). Refused at start-up (exit 2),
+    before any connection and before the run directory exists."""
+    monkeypatch.setattr("sys.argv", ["fedlightning"])
+    with pytest.raises(SystemExit) as stopped:
+        main([
+            "fit", "--config", str(CONF / "tiny.yaml"), "--loop.run_dir", str(tmp_path / "run"),
+            "--loop.backend", "FlowerBackend", "--loop.backend.init_args.address", "127.0.0.1:9",
+            "--loop.backend.init_args.secure_aggregation", "true",
+            "--loop.attack", f"fedlightning.attacks.{attack}",
+            "--loop.attack.init_args.fraction", "0.25",
+        ])  # fmt: skip
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"fedlightning: error: loop.attack={attack} replaces the malicious clients' uploads on "
+        "the server, but FlowerBackend delivers the server only the sum of the uploads (secure "
+        "aggregation), so there is no upload to replace: use LabelFlip (the malicious clients "
+        "train on flipped labels, before the masking), or turn off "
+        "loop.backend.init_args.secure_aggregation"
+    )
     assert not (tmp_path / "run").exists()
 
 

@@ -57,11 +57,13 @@ def test_importing_fedlightning_leaves_the_collector_as_it_was():
 
 
 def test_only_the_fedlightning_process_freezes_its_imports():
+    """A subcommand's imports (``plot``'s here) are frozen in the ``fedlightning`` process only
+    (``--version`` and ``--help`` import nothing worth freezing)."""
     out = fresh_python(
         "import gc, sys\n"
         "from fedlightning.cli import main\n"
-        "for args in (['--version'], None):\n"
-        "    sys.argv = ['fedlightning', '--version']\n"
+        "for args in (['plot', '--help'], None):\n"
+        "    sys.argv = ['fedlightning', 'plot', '--help']\n"
         "    try:\n"
         "        main(args)\n"
         "    except SystemExit:\n"

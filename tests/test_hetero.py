@@ -11,6 +11,7 @@ from fedlightning.models import create_model
 from fedlightning.protocol import Upload
 from fedlightning.server import FedAvg
 from fedlightning.server.base import ClientKeys
+from fedlightning.server.inco_pairs import inco_pairs
 
 RESNETS = ["resnet10", "resnet14", "resnet18", "resnet22", "resnet26"]
 VITS = ["vit_s8", "vit_s9", "vit_s10", "vit_s11", "vit_s12"]
@@ -21,7 +22,10 @@ def _keys(name, **kwargs):
     return create_model(name, num_classes=10, in_channels=1, image_size=8, **kwargs).state_dict()
 
 
-@pytest.mark.parametrize(("family", "kwargs"), [(RESNETS, {"width": 4}), (VITS, NARROW_VIT)])
+@pytest.mark.parametrize(
+    ("family", "kwargs"),
+    [(RESNETS, {"width": 4}), (VITS, NARROW_VIT), (VITS, {**NARROW_VIT, "stem": "conv"})],
+)
 def test_family_members_are_key_prefixes_of_the_largest(family, kwargs):
     largest = _keys(family[-1], **kwargs)
     sizes = []
@@ -60,6 +64,32 @@ def test_vit_defaults_are_vit_small():
     )
     with pytest.raises(ConfigurationError, match="patch_size"):
         create_model("vit_s8", 10, 1, 8, patch_size=3, **NARROW_VIT)
+
+
+def test_vit_conv_stem_keeps_the_token_grid_with_stride_2_convolutions():
+    patch = create_model("vit_s8", 10, 1, 16, patch_size=4, **NARROW_VIT)
+    conv = create_model("vit_s8", 10, 1, 16, patch_size=4, stem="conv", **NARROW_VIT)
+    assert conv.patch_embed.grid_size == patch.patch_embed.grid_size == (4, 4)
+    assert conv.pos_embed.shape == patch.pos_embed.shape == (1, 1 + 16, 12)
+    convs = [m for m in conv.patch_embed.modules() if isinstance(m, torch.nn.Conv2d)]
+    # log2(4) = 2 stride-2 3x3 convolutions widening to embed_dim, then a 1x1 one (Xiao et al.)
+    assert [(c.kernel_size, c.stride, c.out_channels) for c in convs] == [
+        ((3, 3), (2, 2), 6), ((3, 3), (2, 2), 12), ((1, 1), (1, 1), 12),
+    ]  # fmt: skip
+    assert sum(isinstance(m, torch.nn.BatchNorm2d) for m in conv.modules()) == 2
+    tokens = conv.patch_embed(torch.randn(3, 1, 16, 16))
+    assert tokens.shape == (3, 16, 12)
+    assert conv(torch.randn(3, 1, 16, 16)).shape == (3, 10)
+    # the transformer is unchanged: the same keys outside the stem, so InCo pairs the same layers
+    outside = {k for k in conv.state_dict() if not k.startswith("patch_embed.")}
+    assert outside == {k for k in patch.state_dict() if not k.startswith("patch_embed.")}
+    assert inco_pairs(conv.state_dict()) == inco_pairs(patch.state_dict())  # every rule
+    with pytest.raises(ConfigurationError, match="patch_size=6.*power of two"):
+        create_model("vit_s8", 10, 1, 12, patch_size=6, stem="conv", **NARROW_VIT)
+    with pytest.raises(ConfigurationError, match="stem.*'patch' or 'conv'"):
+        create_model("vit_s8", 10, 1, 16, stem="convolutional", **NARROW_VIT)
+    with pytest.raises(ConfigurationError, match="stem='conv'.*'patch' with pretrained_path"):
+        create_model("vit_s8", 10, 1, 16, stem="conv", pretrained_path="vit.pt", **NARROW_VIT)
 
 
 def test_vit_pretrained_path_copies_the_first_blocks(tmp_path):

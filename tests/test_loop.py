@@ -236,7 +236,8 @@ def test_client_state_persists_and_resumes_exactly(tmp_path, client_state):
     ).read_bytes()
     assert {cid: resumed.store.get(cid)["visits"] for cid in visits} == visits
     if client_state == "disk":
-        files = sorted(p.name.split(".")[0] for p in (tmp_path / "b" / "client_state").iterdir())
+        folder = tmp_path / "b" / "client_state"
+        files = sorted(p.name.split(".")[0] for p in folder.glob("*.pt"))
         assert files == sorted(str(c) for c in visits)  # one live file per stateful client
 
 

@@ -180,7 +180,8 @@ def test_a_missing_client_state_file_is_a_storage_error_not_a_client_failure(
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert re.search(
-        r"storage error: client \d's state file '.*client_state/\d\.\d+\.pt' cannot be read", err
+        r"storage error: client \d's state file '.*client_state/\d\.\d+\.[0-9a-f]{16}\.pt' cannot be read",
+        err,
     )
     assert "failed and are left out" not in caplog.text
 

@@ -1,5 +1,6 @@
 """``fedlightning plot`` with bad input (issue 26 item 6): a bad or binary metrics.csv, an output
-name matplotlib cannot write, a ``-c`` file that is not a mapping, runs with no evaluated round in
+name matplotlib cannot write, a ``-c`` file that is not a mapping or gives a key twice, an option
+given twice with two values, runs with no evaluated round in
 common are each one line naming the file (row, column, option) and exit status 2, never a
 traceback and never an empty plot with exit status 0; the ``--group-by`` forms its ``--help``
 shows (``loop.aggregator``, ``model.init_args.mu``) group runs."""
@@ -71,14 +72,19 @@ def test_the_group_by_forms_the_help_shows(runs, capsys):
          ["{d}/mu0.1", "-c", "{d}/opts.yaml"], r"-c '.*opts.yaml' is not readable YAML"),
         (lambda d: (d / "opts.yaml").write_bytes(b"metric: caf\xe9\n"),
          ["{d}/mu0.1", "-c", "{d}/opts.yaml"], r"-c '.*opts.yaml' is not UTF-8 text: byte 0xe9 at line 1, column 12"),
-        (lambda d: None, ["{d}/mu0.1", "-c", "{d}/missing.yaml"], r"-c '.*missing.yaml' cannot be read: No such file"),
+        (lambda d: None, ["{d}/mu0.1", "-c", "{d}/missing.yaml"], r"-c '.*missing.yaml' does not exist$"),
+        (lambda d: (d / "opts.yaml").write_text("metric: test_acc\nx: round\nmetric: test_loss\n"),
+         ["{d}/mu0.1", "-c", "{d}/opts.yaml"], r"-c '.*opts.yaml' gives metric twice \(line 1 and line 3\) in one mapping"),
+        (lambda d: None, ["{d}/mu0.1", "--metric", "test_acc", "--metric", "test_loss"],
+         r"--metric is given twice on the command line, as 'test_acc' and as 'test_loss'"),
         (lambda d: None, ["{d}/mu0.01", "{d}/later", "--group-by", "mu"],
-         r"mu=0.01: no round at which .*mu0.01, .*later all have a test_acc value, so there is nothing to draw"),
+         r"μ = 0.01: no round at which .*mu0.01, .*later all have a test_acc value, so there is nothing to draw"),
         (lambda d: (d / "mu0.1" / "metrics.csv").write_text("round,test_acc\n1,\n"),
          ["{d}/mu0.1"], r"mu0.1/metrics.csv has no row with both test_acc and round$"),
     ],
     ids=["not-a-number", "binary", "not-utf8", "ragged", "txt", "no-suffix", "no-folder",
          "yaml-list", "yaml-nested", "yaml-syntax", "yaml-latin1", "no-options-file",
+         "yaml-key-twice", "option-twice",
          "no-common-round", "no-evaluated-round"],
 )  # fmt: skip
 def test_bad_plot_input_is_one_line_and_exit_2(runs, capsys, make, args, message):

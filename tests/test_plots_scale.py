@@ -113,12 +113,12 @@ def test_plot_groups_seeds_into_mean_and_std(tmp_path, capsys):
     assert f"wrote {out}" in capsys.readouterr().out
     ax = fig_calls[0].axes[0]
     lines = {line.get_label(): line for line in ax.lines}
-    assert set(lines) == {"loop.aggregator=A (n=2)", "loop.aggregator=B"}
-    np.testing.assert_allclose(lines["loop.aggregator=A (n=2)"].get_ydata(), [0.3, 0.5])
+    assert set(lines) == {"A (n = 2)", "B"}  # the aggregator's class name, and the runs it averages
+    np.testing.assert_allclose(lines["A (n = 2)"].get_ydata(), [0.3, 0.5])
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     std = np.std([0.2, 0.4], ddof=1)
     assert np.isclose(band.min(), 0.3 - std) and np.isclose(band.max(), 0.5 + std)
-    assert ax.get_title() and ax.get_xlabel() == "round" and ax.get_ylabel() == "test_acc"
+    assert ax.get_title() and ax.get_xlabel() == "Round" and ax.get_ylabel() == "Test accuracy"
     assert ax.get_legend() is not None
     with pytest.raises(SystemExit) as exit_info:
         main(["plot", *runs, "--group-by", "nope", "-o", str(out)])

@@ -1,7 +1,7 @@
-"""Without the privacy extra (Opacus), each differential-privacy option is a configuration error
-(exit 2) of one line naming the extra, before anything is trained or written. The missing package
-is simulated (``sys.modules["opacus"] = None`` makes ``import opacus`` raise ImportError), so the
-test runs whether or not Opacus is installed."""
+"""Without the privacy extra (Opacus, dp-accounting), each differential-privacy option is a
+configuration error (exit 2) of one line naming the extra, before anything is trained or written.
+The missing package is simulated (``sys.modules["opacus"] = None`` makes ``import opacus`` raise
+ImportError), so the test runs whether or not Opacus is installed."""
 
 import re
 import sys
@@ -29,5 +29,24 @@ def test_without_opacus_each_feature_is_one_line_naming_the_extra(
     assert re.search(
         r"^fedlightning: error: .* needs Opacus: pip install 'fedlightning\[privacy\]'$", err, re.M
     )
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args", [CLIENT_LEVEL, DP_SGD], ids=["client-level", "dp-sgd"])
+def test_without_dp_accounting_the_default_accountant_is_one_line_naming_the_extra(
+    tmp_path, capsys, monkeypatch, args
+):
+    """The default accountant (pld) is dp-accounting's: without it, one line naming the extra."""
+    pytest.importorskip("opacus")
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(tmp_path / "run", *args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(
+        r"^fedlightning: error: .*accountant='pld' needs Google's dp-accounting: "
+        r"pip install 'fedlightning\[privacy\]'$", err, re.M,
+    )  # fmt: skip
     assert "Traceback" not in err
     assert not (tmp_path / "run").exists()

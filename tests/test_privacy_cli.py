@@ -1,7 +1,9 @@
 """Differential privacy through the CLI as a user runs it (docs/algorithms.md section 7): epsilon
-in metrics.csv and the summary equal Opacus's accountant for the run's real (q, z, rounds), a
-resume continues the accountants exactly, Poisson sampling and its empty rounds, and every bad
-privacy option is refused before anything is written."""
+in metrics.csv and the summary equal the default accountant's (dp-accounting's PLD called
+directly) for the run's real (q, z, rounds) and Opacus's PRV within its error, a resume continues
+the accountants exactly, Poisson sampling and its empty rounds, and every bad privacy option
+(a delta at or above 1/N, a noise or clipping rate outside its range, an unreachable target, an
+accountant that cannot bound the plan) is refused in one line before anything is written."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import pytest
 import torch
 
 pytest.importorskip("opacus")
-from opacus.accountants import RDPAccountant  # noqa: E402
+pytest.importorskip("dp_accounting")
 
-from conftest import run_cli  # noqa: E402
+from conftest import overridden, run_cli  # noqa: E402
 from fedlightning.loop.sampling import poisson_sample_clients, sample_clients  # noqa: E402
 from fedlightning.privacy import calibrate_noise  # noqa: E402
+from privacy_reference import PRV_EPS_ERROR, opacus_epsilon, pld_epsilon  # noqa: E402
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 AGG = "--loop.aggregator"
@@ -27,23 +30,39 @@ DP = [
 SGD = ["--loop.dp_sgd", "fedlightning.privacy.DPSGD", "--loop.dp_sgd.init_args.noise_multiplier", "1.1"]  # fmt: skip
 
 
-def opacus_epsilon(noise: float, rate: float, steps: int, delta: float) -> float:
-    accountant = RDPAccountant()
-    accountant.history = [(noise, rate, steps)]
-    return accountant.get_epsilon(delta)
-
-
 def test_client_level_epsilon_in_metrics_and_summary(tmp_path, capsys):
     rows = run_cli(tmp_path / "run", *DP, "--loop.local_steps", "2")
     # tiny.yaml: 8 clients, clients_per_round 4: Poisson rate q = 4 / 8
     for row in rows:
-        expected = opacus_epsilon(1.2, 0.5, int(row["round"]), 1e-5)
-        assert float(row["dp_epsilon"]) == pytest.approx(expected, rel=1e-12)
+        plan = [(1.2, 0.5, int(row["round"]))]
+        epsilon = float(row["dp_epsilon"])
+        assert epsilon == pytest.approx(pld_epsilon(plan, 1e-5), rel=1e-12)
+        prv = opacus_epsilon("prv", plan, 1e-5)  # a second accountant, within its stated error
+        assert prv - 2 * PRV_EPS_ERROR <= epsilon <= prv
         assert float(row["dp_delta"]) == 1e-5 and float(row["dp_clip_norm"]) == 0.5
     assert float(rows[-1]["dp_epsilon"]) > float(rows[0]["dp_epsilon"]) > 0
     err = capsys.readouterr().err
-    last = opacus_epsilon(1.2, 0.5, 4, 1e-5)
-    assert f"privacy: client-level (epsilon={last:.4g}, delta=1e-05) after 4 round(s)" in err
+    last = pld_epsilon([(1.2, 0.5, 4)], 1e-5)
+    assert (
+        f"privacy: client-level (epsilon={last:.4g}, delta=1e-05) after 4 round(s): Poisson "
+        "q=0.5, noise multiplier 1.2, pld accountant (dp-accounting)"
+    ) in err
+
+
+def test_the_accountant_option_and_dp_sgd_summary(tmp_path, capsys):
+    """accountant: rdp reports Opacus's RDP, and the summary says so; DP-SGD's line names its
+    accountant too."""
+    rows = run_cli(tmp_path / "run", *DP, f"{AGG}.init_args.accountant", "rdp", *SGD,
+                   "--loop.dp_sgd.init_args.accountant", "rdp", "--loop.local_steps", "1",
+                   "--loop.rounds", "2")  # fmt: skip
+    last = opacus_epsilon("rdp", [(1.2, 0.5, 2)], 1e-5)
+    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(last, rel=1e-12)
+    err = capsys.readouterr().err
+    assert f"(epsilon={last:.4g}, delta=1e-05) after 2 round(s)" in err
+    assert "noise multiplier 1.2, rdp accountant (Opacus)" in err
+    assert re.search(
+        r"privacy: sample-level DP-SGD, .* delta=1e-05, rdp accountant \(Opacus\)", err
+    )
 
 
 def _equal(a, b) -> bool:
@@ -101,20 +120,31 @@ def test_rounds_that_draw_no_client(tmp_path, capsys):
     assert f"summary: {12 - len(empty)} round(s) aggregated, 0 skipped" in err
     assert len(rows) == 12
     rows = run_cli(tmp_path / "dp", *common, *DP)
-    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(opacus_epsilon(1.2, 1 / 8, 12, 1e-5))
+    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(pld_epsilon([(1.2, 1 / 8, 12)], 1e-5))
     assert "summary: 12 round(s) aggregated, 0 skipped" in capsys.readouterr().err
 
 
 AGG_ARGS = f"{AGG}.init_args"
 BAD = [
-    ([*DP, f"{AGG_ARGS}.noise_multiplier", "0"], r"noise_multiplier=0.0 is not allowed: expected a finite number > 0 \(0 adds no noise"),
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "0"], r"noise_multiplier=0.0 is not allowed: expected a number in \[0.3, 1e\+06\] \(the range the accountants evaluate; 0 adds no noise"),
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "1e300"], r"noise_multiplier=1e\+300 is not allowed: expected a number in \[0.3, 1e\+06\]"),
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "0.1"], r"noise_multiplier=0.1 is not allowed: expected a number in \[0.3, 1e\+06\]"),
+    ([*DP, f"{AGG_ARGS}.delta", "0.5"], r"delta=0.5 is not allowed: expected a number in \(0, 1/8 = 0.125\), below 1 over the 8 clients \(a larger delta allows publishing one of them outright"),
+    ([*DP, f"{AGG_ARGS}.delta", "0.125"], r"delta=0.125 is not allowed"),
+    ([*DP, f"{AGG_ARGS}.clip_learning_rate", "1e6"], r"clip_learning_rate=1000000.0 is not allowed: expected a number in \(0, 10\] \(Andrew et al. use 0.2\)"),
+    ([*DP, f"{AGG_ARGS}.clip_norm", "1e300"], r"clip_norm=1e\+300 is not allowed: expected a number in \[1e-09, 1e\+09\]"),
+    ([*DP, f"{AGG_ARGS}.noise_multiplier", "null", f"{AGG_ARGS}.target_epsilon", "1e-9", f"{AGG_ARGS}.accountant", "rdp", "--loop.clients_per_round", "1"],
+     r"target_epsilon=1e-09 cannot be reached: the smallest epsilon this run can spend is 0.\d+ \(the rdp accountant at the largest noise multiplier allowed, 1e\+06, with q=0.125, 4 step\(s\), delta=1e-05\)"),
+    ([*DP, f"{AGG_ARGS}.accountant", "prv", f"{AGG_ARGS}.delta", "1e-30"],
+     r"accountant='prv' cannot bound this run's privacy \(ValueError: Floating point errors will dominate.*\) for 4 step\(s\) at noise multiplier 1.2, q=0.5, delta=1e-30: use another accountant"),
+    ([*DP, f"{AGG_ARGS}.delta", "1e-300"], r"accountant='pld' cannot bound this run's privacy \(epsilon is inf\)"),
     ([*DP, f"{AGG_ARGS}.noise_multiplier", "-1"], r"noise_multiplier=-1.0 is not allowed"),
     ([*DP, f"{AGG_ARGS}.target_epsilon", "3"], r"noise_multiplier=1.2 and target_epsilon=3.0: set exactly one"),
     ([*DP, f"{AGG_ARGS}.noise_multiplier", "null"], r"noise_multiplier=None and target_epsilon=None: set exactly one"),
     ([*DP, f"{AGG_ARGS}.noise_multiplier", "null", f"{AGG_ARGS}.target_epsilon", "0"], r"target_epsilon=0.0 is not allowed: expected a finite number > 0"),
     ([*DP, f"{AGG_ARGS}.delta", "0"], r"delta=0.0 is not allowed: expected a number in \(0, 1\)"),
     ([*DP, f"{AGG_ARGS}.delta", "1"], r"delta=1.0 is not allowed"),
-    ([*DP, f"{AGG_ARGS}.clip_norm", "0"], r"clip_norm=0.0 is not allowed: expected a finite number > 0"),
+    ([*DP, f"{AGG_ARGS}.clip_norm", "0"], r"clip_norm=0.0 is not allowed: expected a number in \[1e-09, 1e\+09\]"),
     ([*DP, f"{AGG_ARGS}.target_quantile", "1.5"], r"target_quantile=1.5 is not allowed: expected a number in \(0, 1\)"),
     ([*DP, f"{AGG_ARGS}.clip_learning_rate", "0"], r"clip_learning_rate=0.0 is not allowed"),
     ([*DP, f"{AGG_ARGS}.count_noise_std", "-2"], r"count_noise_std=-2.0 is not allowed: expected null or a finite number > 0"),
@@ -129,7 +159,11 @@ BAD = [
     ([*DP, "--loop.min_clients", "2"], r"loop.min_clients=2 is not allowed: expected 1 under ClientLevelDP"),
     (["--loop.client_sampling", "poisson", AGG, "fedlightning.server.FedCross"], r"loop.client_sampling='poisson' draws a varying number of clients a round, but FedCross needs exactly"),
     (["--loop.client_sampling", "random"], r"client_sampling.*random"),
-    ([*SGD, "--loop.dp_sgd.init_args.noise_multiplier", "0"], r"loop.dp_sgd.init_args.noise_multiplier=0.0 is not allowed: expected a finite number > 0"),
+    ([*SGD, "--loop.dp_sgd.init_args.noise_multiplier", "0"], r"loop.dp_sgd.init_args.noise_multiplier=0.0 is not allowed: expected a number in \[0.3, 1e\+06\]"),
+    ([*SGD, "--loop.dp_sgd.init_args.noise_multiplier", "1e300"], r"loop.dp_sgd.init_args.noise_multiplier=1e\+300 is not allowed: expected a number in \[0.3, 1e\+06\]"),
+    ([*SGD, "--loop.dp_sgd.init_args.max_grad_norm", "1e300"], r"loop.dp_sgd.init_args.max_grad_norm=1e\+300 is not allowed: expected a number in \[1e-09, 1e\+09\]"),
+    ([*SGD, "--loop.dp_sgd.init_args.delta", "0.01"], r"loop.dp_sgd.init_args.delta=0.01 is not allowed: expected a number in \(0, 1/\d+ = [\d.e-]+\), below 1 over the \d+ training samples"),
+    ([*SGD, "--loop.dp_sgd.init_args.delta", "1e-300"], r"loop.dp_sgd.init_args.accountant='pld' cannot bound this run's privacy \(epsilon is inf\)"),
     ([*SGD, "--loop.dp_sgd.init_args.max_grad_norm", "0"], r"loop.dp_sgd.init_args.max_grad_norm=0.0 is not allowed"),
     ([*SGD, "--loop.dp_sgd.init_args.delta", "2"], r"loop.dp_sgd.init_args.delta=2.0 is not allowed: expected a number in \(0, 1\)"),
     ([*SGD, "--model.init_args.network", "resnet14", "--model.init_args.network_kwargs", "{width: 4, stem: small}"],
@@ -143,7 +177,7 @@ BAD = [
 @pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a)[-50:] for a, _ in BAD])
 def test_bad_privacy_option_is_refused_before_anything_is_written(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(tmp_path / "bad", *args)
+        run_cli(tmp_path / "bad", *overridden(args))  # DP's defaults, then the case's value
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert re.search(message, err, re.S), err[-2000:]
@@ -151,10 +185,11 @@ def test_bad_privacy_option_is_refused_before_anything_is_written(tmp_path, caps
     assert not (tmp_path / "bad").exists()
 
 
-@pytest.mark.slow  # two calibrations by Opacus's bisection: about 20 to 40 s each
+@pytest.mark.slow  # two calibrations by PLD bisections: about 10 to 20 s each
 def test_target_epsilon_calibrates_the_noise_for_the_planned_rounds(tmp_path, capsys):
-    """target_epsilon=3 over tiny.yaml's 4 rounds at q = 1/2: the calibrated z is Opacus's, the
-    4th round's epsilon is at most 3 (within the bisection's 0.01), the run does not stop early,
+    """target_epsilon=3 over tiny.yaml's 4 rounds at q = 1/2: the calibrated z is the default
+    accountant's, the 4th round's epsilon (dp-accounting's PLD called directly) is at most 3
+    (within the bisection's tolerance), the run does not stop early,
     and a resume planned for more rounds (another z) is refused."""
     calibrated = [*DP, f"{AGG}.init_args.noise_multiplier", "null",
                   f"{AGG}.init_args.target_epsilon", "3", "--loop.local_steps", "1"]  # fmt: skip
@@ -162,7 +197,7 @@ def test_target_epsilon_calibrates_the_noise_for_the_planned_rounds(tmp_path, ca
     z = calibrate_noise(3.0, 1e-5, 0.5, 4)
     assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]
     assert all(float(r["dp_noise_multiplier"]) == pytest.approx(z, rel=1e-12) for r in rows)
-    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(opacus_epsilon(z, 0.5, 4, 1e-5))
+    assert float(rows[-1]["dp_epsilon"]) == pytest.approx(pld_epsilon([(z, 0.5, 4)], 1e-5))
     assert 2.99 <= float(rows[-1]["dp_epsilon"]) <= 3.0
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
@@ -180,6 +215,6 @@ def test_the_dp_fedavg_config_learns_at_its_stated_epsilon(tmp_path):
     rows = run_cli(tmp_path / "run", "--loop.eval_every", "10", config=config)
     last = rows[-1]
     assert int(last["round"]) == 60
-    assert float(last["dp_epsilon"]) == pytest.approx(opacus_epsilon(1.5, 0.1, 60, 1e-4))
-    assert float(last["dp_epsilon"]) < 3
+    assert float(last["dp_epsilon"]) == pytest.approx(pld_epsilon([(1.5, 0.1, 60)], 1e-4))
+    assert round(float(last["dp_epsilon"]), 2) == 2.30  # the config's header and docs 7.3
     assert float(last["test_acc"]) > 0.8  # chance is 0.1

@@ -100,3 +100,52 @@ def test_a_dead_actor_fails_its_client_and_the_run_goes_on(local_ray, tmp_path):
     assert [row["round"] for row in loop.history] == [1, 2, 3]
     assert sum(row["clients_failed"] for row in loop.history) >= 1
     assert loop.history[-1]["test_acc"] > 0.5
+
+
+def test_actors_compute_under_the_runs_deterministic_mode(local_ray, tmp_path):
+    """``loop.deterministic`` reaches the actors (issue 31 item 1): each fit there runs with
+    deterministic algorithms and cuBLAS's workspace variable, and an op without a deterministic
+    implementation ends the run with the one-line refusal, not a client failure."""
+    from fedlightning.errors import ConfigurationError
+    from fedlightning.server import FedAvg
+
+    class Reports(ClientModule):
+        def client_metrics(self):
+            from fedlightning.torch_settings import ComputeSettings
+
+            settings = ComputeSettings.current()  # the actor's own, during its fit
+            return {
+                **super().client_metrics(),
+                "deterministic": float(settings.deterministic),
+                "cudnn_deterministic": float(settings.cudnn_deterministic),
+                "cublas": float(settings.cublas_workspace_config == ":4096:8"),
+                "pid": float(os.getpid()),
+            }
+
+    class Recording(FedAvg):
+        seen = []
+
+        def aggregate(self, round_index, uploads):
+            self.seen.extend(u.metrics for u in uploads)
+            super().aggregate(round_index, uploads)
+
+    class Unpools(ClientModule):
+        def local_loss(self, batch):
+            index = torch.tensor([[[0, 1]]])
+            pooled = torch.nn.functional.max_unpool1d(torch.ones(1, 1, 2), index, 2)
+            return super().local_loss(batch) + 0 * pooled.sum()
+
+    aggregator = Recording()
+    synthetic_run(
+        Reports(**SYNTHETIC), aggregator, rounds=1, tmp_path=tmp_path / "reports", plots=False,
+        backend=RayBackend(num_workers=2),
+    )  # fmt: skip
+    assert {m["pid"] for m in aggregator.seen} - {float(os.getpid())}  # fitted in the actors
+    for metrics in aggregator.seen:
+        assert metrics["deterministic"] == metrics["cudnn_deterministic"] == metrics["cublas"] == 1
+    refusal = "max_unpooling2d_forward_out has no deterministic"
+    with pytest.raises(ConfigurationError, match=refusal):
+        synthetic_run(
+            Unpools(**SYNTHETIC), rounds=1, tmp_path=tmp_path / "refused", plots=False,
+            backend=RayBackend(num_workers=2),
+        )  # fmt: skip

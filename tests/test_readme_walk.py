@@ -39,19 +39,26 @@ README = (ROOT / "README.md").read_text()
 SKIP = {
     "make test": "the default test suite: `make test` runs it on its own (this test is part of "
     "the slow suite, `make test-all`)",
+    "make notebooks": "every notebook at full size; tests/test_notebooks.py executes the same "
+    "notebooks at tiny size",
     "fedlightning fit -c configs/quickstart.yaml --data.dataset huggingface": "needs Hugging "
-    "Face data sets saved under data/ (none on this machine); tests/test_hf_data.py trains the "
-    "same options on tiny save_to_disk stand-ins, tests/test_readme_commands.py parses these",
+    "Face data sets saved under data/ (none on this machine); tests/test_readme_hf.py runs these "
+    "commands on the folders the README's save_to_disk lines make from tiny stand-ins, "
+    "tests/test_hf_data.py trains the same options, tests/test_readme_commands.py parses these",
     "fedlightning fit --config configs/experiments/": "needs CIFAR-10 under data/; "
     "tests/test_readme_commands.py resolves these commands and configs",
     "fedlightning cofed --config configs/experiments/cofed_cifar100.yaml": "needs CIFAR-100 and "
     "CIFAR-10 under data/; tests/test_readme_commands.py resolves it, tests/test_cofed*.py run "
     "CoFED's pipeline on the digits",
-    "for seed in 0 1 2; do\nfedlightning fit -c configs/experiments/": "needs CIFAR-10 under "
-    "data/ (the paper-table recipe); the seed sweep recipe below runs the same loop",
+    "fedlightning fit -c configs/experiments/fedcross_cifar10_cnn.yaml --seeds": "needs CIFAR-10 "
+    "under data/ (the paper-table recipe); the seed sweep recipe below runs --seeds on the digits",
+    'python -c "from datasets import load_dataset;': "downloads from the Hugging Face Hub (no "
+    "internet here); tests/test_readme_hf.py runs these lines with load_dataset answering from "
+    "tiny data sets of the same columns and splits, then the commands that read their folders",
     "python benchmarks/overhead.py --accelerator cuda": "needs a GPU",
     "python benchmarks/scaling.py --accelerator cuda": "needs a GPU",
     "python benchmarks/gpu_check.py": "needs a GPU",
+    "python benchmarks/gpu_all.py": "needs a GPU; tests/test_gpu_all.py runs it tiny on the CPU",
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend "
     "--loop.backend.init_args.address 127.0.0.1:8000 --loop.backend.init_args.insecure true "
     "--loop.backend.init_args.secure_aggregation true": "needs the SuperLink and the two "

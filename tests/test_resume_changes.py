@@ -15,6 +15,7 @@ import lightning
 import pytest
 import yaml
 
+from conftest import overridden
 from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
 from fedlightning.backends import RayBackend, SequentialBackend
 from fedlightning.cli import FederatedCLI, main
@@ -30,7 +31,8 @@ QUIET = ["--loop.plots", "false", "--loop.progress_bar", "false"]
 
 def fit(run_dir: Path, *args: str, config: str | Path = CONF / "tiny.yaml") -> None:
     sys.argv = ["fedlightning"]
-    main(["fit", "--config", str(config), "--loop.run_dir", str(run_dir), *QUIET, *args])
+    options = overridden(["--loop.run_dir", str(run_dir), *QUIET, *args])
+    main(["fit", "--config", str(config), *options])
 
 
 def files(run_dir: Path) -> dict[str, bytes]:
@@ -121,6 +123,24 @@ def test_rounds_cadence_logging_and_backend_may_change_and_the_resume_is_exact(t
     assert config["loop"]["rounds"] == 4 and config["loop"]["eval_every"] == 3
     assert config["loop"]["backend"]["class_path"] == "fedlightning.backends.SequentialBackend"
     assert (resumed / "curves.png").exists()
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_a_resume_that_trains_nothing_rewrites_no_file(runs, tmp_path, caplog, rounds):
+    """A 2-round run resumed with --loop.rounds 1 (or 2) trains nothing: it exits 0 with one
+    line saying so, and config.yaml and every result file stay as they were, byte for byte
+    (config.yaml went on saying rounds: 2)."""
+    run_dir = tmp_path / "tiny"
+    shutil.copytree(runs / "tiny", run_dir)
+    before = files(run_dir)
+    fit(run_dir, "--loop.rounds", str(rounds), "--ckpt_path", str(run_dir / "last.ckpt"))
+    assert files(run_dir) == before
+    line = (
+        f"nothing to train: {run_dir / 'last.ckpt'} has 2 round(s) done and "
+        f"loop.rounds={rounds}; {run_dir} is left as it was"
+    )
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [line]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["loop"]["rounds"] == 2
 
 
 def _python_run(run_dir: Path, rounds: int, ckpt_path: str | None = None, lr: float = 0.1):

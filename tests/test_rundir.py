@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import overridden
 from fedlightning.cli import main
 
 CONF = Path(__file__).parent / "conf"
@@ -139,9 +140,7 @@ def test_cofed_refuses_an_earlier_runs_directory_unless_told(tmp_path, capsys):
                 "cofed",
                 "--config",
                 str(CONF / "cofed_tabular_tiny.yaml"),
-                "--run_dir",
-                str(run_dir),
-                *extra,
+                *overridden(["--run_dir", str(run_dir), *extra]),
             ]
         )
 

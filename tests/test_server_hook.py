@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedlightning.clients import ClientModule
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, PluginError
 from fedlightning.protocol import Upload
 from fedlightning.server import FedAdam, FedAvg, FedAvgM, FedNova, InCo, Scaffold
 from fedlightning.server.base import ClientKeys
@@ -104,19 +104,31 @@ def test_within_groups_names_parameters_and_uploads_in_its_key_space():
     ("update", "message"),
     [
         (lambda r: {"deep": torch.zeros(1, dtype=T)},
-         r"PlusOne.server_update returned 'deep', which no upload owns"),
+         r"PlusOne.server_update \(round 1\) returned 'deep', which no upload owns"),
         (lambda r: {"w": torch.zeros(2)},
-         r"returned 'w' as torch.float32 \(2,\), but the server state holds torch.float64"),
-        (lambda r: {"w": torch.zeros(3, dtype=T)}, r"returned 'w' as torch.float64 \(3,\)"),
+         r"returned 'w' as a torch.Tensor of dtype torch.float32, shape \(2,\), on cpu, but the "
+         r"server state holds a torch.Tensor of dtype torch.float64, shape \(2,\), on cpu"),
+        (lambda r: {"w": torch.zeros(3, dtype=T)}, r"returned 'w' as .* shape \(3,\)"),
+        (lambda r: {"w": torch.zeros(2, dtype=T).numpy()},
+         r"returned 'w' as a numpy.ndarray of dtype numpy.float64, shape \(2,\), but the "
+         r"server state holds a torch.Tensor of dtype torch.float64"),
+        (lambda r: {"w": torch.zeros(2, dtype=T, device="meta")},
+         r"returned 'w' as a torch.Tensor of dtype torch.float64, shape \(2,\), on meta, but"),
+        (lambda r: [torch.zeros(2, dtype=T)],
+         r"returned a builtins.list: expected a dict of tensors keyed like server_round.mean"),
     ],
-    ids=["unowned key", "dtype", "shape"],
+    ids=["unowned key", "dtype", "shape", "numpy", "device", "not a dict"],
 )  # fmt: skip
-def test_a_hook_that_returns_what_the_state_cannot_hold_is_an_error(update, message):
+def test_a_hook_that_returns_what_the_state_cannot_hold_is_a_plugin_error(update, message):
+    """Named with the aggregator, the round and the key, what came (numpy's dtype written apart
+    from torch's) and what was expected; the server state is untouched."""
     agg = PlusOne()
     agg.setup(_initial(), 2, client_keys=KEYS, parameters=PARAMETERS)
+    before = {k: v.clone() for k, v in agg.weights.items()}
     agg.server_update = update
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(PluginError, match=message):
         agg.aggregate(0, _uploads()[:1])
+    assert all(torch.equal(agg.weights[k], v) for k, v in before.items())
 
 
 def test_scaffold_updates_c_in_the_hook_only():

@@ -66,6 +66,36 @@ def test_a_signal_during_start_up_says_nothing_was_written(cli, tmp_path, capsys
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("where", ["closing line", "after fit"])
+def test_a_signal_once_the_run_is_complete_changes_nothing(
+    cli, tmp_path, capsys, monkeypatch, where
+):
+    """Every file written, the closing line due or printed: SIGTERM there (the last moments of a
+    finished run) is ignored, the command returns (exit 0) and the files are complete. Before,
+    it exited -15 with no line, or 143 saying "nothing was written"."""
+    from fedlightning.loop import core
+    from fedlightning.loop.reporting import Reporter
+
+    target = (Reporter, "done") if where == "closing line" else (core.FederatedLoop, "fit")
+    real = getattr(*target)
+
+    def then_terminated(*args, **kwargs):
+        if where == "closing line":
+            os.kill(os.getpid(), signal.SIGTERM)
+        result = real(*args, **kwargs)
+        if where == "after fit":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(*target, then_terminated)
+    rows = cli(tmp_path / "run", "--loop.rounds", "2")  # returns: no SystemExit
+    err = capsys.readouterr().err
+    assert "done: round 2/2" in err and "terminated" not in err
+    assert [int(r["round"]) for r in rows] == [1, 2]
+    assert torch.load(tmp_path / "run" / "last.ckpt", weights_only=True)["round"] == 2
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # only a process's own exit
+
+
 # -- real fedlightning processes, signalled from outside at random moments ------------------------
 def _start(*args: str, group: bool = False) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -162,3 +192,21 @@ def test_a_signalled_cofed_run_names_its_stage_and_can_start_again(tmp_path, nam
     ), err[-3000:]  # fmt: skip
     assert "Traceback" not in err
     check_run_dir(run_dir, option="run_dir")  # the same command again is accepted
+
+
+@pytest.mark.slow  # a real process: the signal may land in its teardown or the interpreter's exit
+def test_sigterm_right_after_the_done_line_exits_0(tmp_path):
+    run_dir = tmp_path / "run"
+    process = _start("fit", "--config", str(CONF), "--loop.rounds", "2", "--loop.progress_bar",
+                     "false", "--loop.run_dir", str(run_dir))  # fmt: skip
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if line.startswith("done: "):
+            process.send_signal(signal.SIGTERM)
+            break
+    err = "".join(lines) + process.communicate(timeout=120)[1]
+    assert process.returncode == 0, err[-3000:]
+    assert "terminated" not in err and "Traceback" not in err
+    assert torch.load(run_dir / "last.ckpt", weights_only=True)["round"] == 2
+    assert (run_dir / "global.pt").is_file()

@@ -1,3 +1,4 @@
+import os
 import pickle
 import random
 from pathlib import Path
@@ -5,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, StorageError
 from fedlightning.state import ClientStore
 
 
@@ -34,7 +35,12 @@ def test_disk_store_keeps_checkpointed_versions_until_commit(tmp_path):
     resumed.load_state_dict(checkpoint)  # a run killed before the next checkpoint
     assert torch.equal(resumed.get(0)["c"], torch.zeros(1))
     store.commit()  # after the next checkpoint the superseded version goes
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.2.pt"]
+    assert _versions(tmp_path) == ["0.2"]
+
+
+def _versions(folder: Path) -> list[str]:
+    """``client.version`` of each state file in ``folder`` (the digest and suffix left out)."""
+    return sorted(".".join(p.name.split(".")[:2]) for p in folder.iterdir() if p.name[0] != ".")
 
 
 def test_mode_mismatch_is_refused(tmp_path):
@@ -55,7 +61,7 @@ class Filesystem:
 
     def __init__(self, monkeypatch, kill_at: int, before: bool) -> None:
         self.count, self.kill_at, self.before = 0, kill_at, before
-        for owner, name in ((torch, "save"), (Path, "unlink"), (Path, "touch")):
+        for owner, name in ((Path, "write_bytes"), (Path, "unlink")):
             monkeypatch.setattr(owner, name, self.wrap(getattr(owner, name)))
 
     def wrap(self, operation):
@@ -137,13 +143,14 @@ def test_disk_store_resumes_exactly_after_a_kill_at_any_file_operation(
             try:
                 store.open()
             except Killed:
+                store.close()  # the killed process's lock goes with it
                 store, expected = _resume(path, durable)
                 store.open()
             _holds(store, expected)
             fs.kill_at = -1  # the resumed run runs to its end
             _rounds(store, fs, expected, durable, rng, rounds=2)
             _holds(store, expected)
-            files = sorted(p.name for p in path.iterdir())
+            files = _versions(path)
             assert [name.split(".")[0] for name in files] == sorted(str(c) for c in expected)
         kill_at += 1
     assert total > 20 and cleared == 2  # writes, deletions, checkpoints, states cleared
@@ -190,21 +197,100 @@ def test_commit_deletes_only_what_a_durable_checkpoint_no_longer_needs(tmp_path)
     newer = store.state_dict()
     store.put(0, {"c": torch.full((1,), 2.0)})  # version 3, after the newer snapshot
     store.commit(older)  # nothing superseded up to version 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.1.pt", "0.2.pt", "0.3.pt"]
+    assert _versions(tmp_path) == ["0.1", "0.2", "0.3"]
     store.commit(newer)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.2.pt", "0.3.pt"]
+    assert _versions(tmp_path) == ["0.2", "0.3"]
     resumed = ClientStore("disk", tmp_path)
     resumed.load_state_dict(newer)
     assert torch.equal(resumed.get(0)["c"], torch.ones(1))
 
 
-def test_disk_store_reads_a_checkpoint_that_lists_its_files(tmp_path):
-    """Checkpoints written before disk checkpoints named a version held an index of files."""
-    torch.save({"c": torch.ones(2)}, tmp_path / "4.7.pt")
+def test_a_checkpoint_whose_state_files_carry_no_content_digest_is_refused(tmp_path):
+    """Checkpoints of an older fedlightning named files without a content digest: refused with
+    one message, never resumed without the checks."""
+    old = {"mode": "disk", "version": 7, "clients": 1, "digest": "0" * 16}
+    with pytest.raises(ConfigurationError, match="older fedlightning, whose state files carry no"):
+        ClientStore("disk", tmp_path).load_state_dict(old)
+
+
+# -- a folder owned by one run, files that say whose they are (issue 33 item 6) -------------------
+def _state_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_state_file_changed_or_swapped_is_refused_when_read(tmp_path):
+    """A file carries its client's id and is named by its content digest: another client's
+    content under a client's name, or another client's file given a client's place, is refused
+    naming the file; never trained on."""
     store = ClientStore("disk", tmp_path)
-    store.load_state_dict({"mode": "disk", "files": {4: "4.7.pt"}, "version": 7})
-    assert torch.equal(store.get(4)["c"], torch.ones(2)) and store.client_ids() == [4]
-    store.put(4, {"c": torch.zeros(2)})
-    assert (tmp_path / "4.8.pt").is_file()
-    with pytest.raises(ConfigurationError, match=r"\['5.1.pt'\] are missing"):
-        store.load_state_dict({"mode": "disk", "files": {5: "5.1.pt"}, "version": 1})
+    store.put(0, {"c": torch.zeros(2)})
+    store.put(1, {"c": torch.ones(2)})
+    mine, theirs = (next(tmp_path.glob(f"{c}.*.pt")) for c in (0, 1))
+    original = mine.read_bytes()
+    mine.write_bytes(theirs.read_bytes())  # client 1's state copied over client 0's file
+    with pytest.raises(StorageError, match=rf"client 0's state file '.*{mine.name}' does not hold "
+                       "what this run wrote \\(its content digest differs\\)"):  # fmt: skip
+        store.get(0)
+    mine.write_bytes(original)
+    theirs.rename(tmp_path / f"0{theirs.name[1:]}")  # client 1's file renamed as client 0's
+    disk = store._disk
+    disk._live[0], disk._sums[0] = disk._live[1], disk._sums[1]  # ...and a run that looks there
+    with pytest.raises(StorageError, match=r"client 0's state file '.*' holds client 1's state"):
+        store.get(0)
+
+
+def test_state_files_swapped_between_two_runs_folders_are_refused_at_resume(tmp_path):
+    """Two runs' client 3 at the same version: the checkpoint's digest covers each file's content
+    digest, so the folders, their files swapped (names and all), hold neither checkpoint."""
+    checkpoints = {}
+    for run, value in (("a", 0.0), ("b", 1.0)):
+        store = ClientStore("disk", tmp_path / run)
+        store.put(3, {"c": torch.full((2,), value)})
+        checkpoints[run] = store.state_dict()
+    (a,), (b,) = (list((tmp_path / run).glob("3.1.*.pt")) for run in ("a", "b"))
+    a.rename(tmp_path / "b" / a.name)
+    b.rename(tmp_path / "a" / b.name)
+    for run in ("a", "b"):
+        with pytest.raises(ConfigurationError, match="does not hold this checkpoint's client"):
+            ClientStore("disk", tmp_path / run).load_state_dict(checkpoints[run])
+
+
+def test_a_folder_a_live_run_holds_is_refused_naming_it(tmp_path):
+    first = ClientStore("disk", tmp_path / "client_state")
+    first.open()
+    second = ClientStore("disk", tmp_path / "client_state")
+    message = (
+        rf"client state folder '.*client_state' is in use by another run \(pid {os.getpid()}\)"
+    )
+    with pytest.raises(ConfigurationError, match=message):
+        second.check()
+    with pytest.raises(ConfigurationError, match=message):
+        second.open()
+    first.close()  # the first run ended
+    second.open()
+    second.close()
+
+
+def test_a_run_whose_client_state_is_a_link_to_another_runs_folder_is_refused(
+    cli, tmp_path, capsys
+):
+    """Run B's client_state a link to run A's folder: B is refused at start-up, naming the link
+    and its target, and A's state files are untouched byte for byte (B deleted them before)."""
+    disk = ("--loop.client_state", "disk", "--loop.rounds", "1")
+    cli(tmp_path / "a", *disk, config="scaffold_tiny.yaml")
+    folder = tmp_path / "a" / "client_state"
+    before = _state_files(folder)
+    assert len(before) > 1  # the lock and SCAFFOLD's c_i files
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "client_state").symlink_to(folder)
+    with pytest.raises(SystemExit) as exit_info:
+        cli(tmp_path / "b", *disk, config="scaffold_tiny.yaml")
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        f"loop.client_state='disk' keeps client state in {str(tmp_path / 'b' / 'client_state')!r}"
+        f", which is a symbolic link (to {str(folder)!r}): a run's client state folder is its "
+        "own, never shared through a link" in err
+    ) and "Traceback" not in err
+    assert _state_files(folder) == before
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["client_state"]

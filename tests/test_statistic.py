@@ -15,8 +15,9 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.flower_app.secure_options import check_aggregator
 from fedlightning.privacy import ClientLevelDP, NoisedMean
 from fedlightning.protocol import ClientKeys, Upload
-from fedlightning.server import FedAdam, FedAvg, FedAvgM, FedNova, Krum
+from fedlightning.server import FedAdam, FedAvg, FedAvgM, FedNova, Krum, MultiKrum
 from fedlightning.server.statistics import CenteredClip, Median, StatisticContext, TrimmedMean
+from fedlightning.server.statistics import Krum as KrumRule
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms.md"
 ROWS = [[1.0, 2.0, 0.0], [3.0, -1.0, 0.5], [2.0, 0.0, 9.0], [100.0, 5.0, 1.2], [2.5, 1.0, 0.2]]
@@ -44,15 +45,19 @@ def test_fedadam_over_a_median_is_adam_on_the_coordinate_wise_median():
 
 
 def test_fedavgm_over_the_dp_mean_needs_no_new_class():
+    """FedAvgM over NoisedMean is ClientLevelDP(inner=FedAvgM) bit for bit, noise included; the
+    estimator is checked without its noise (no allowed noise multiplier is small enough to hide,
+    docs/algorithms.md section 7.4; the noise itself is tested in test_client_dp.py)."""
     initial = {"w": torch.zeros(3)}
-    release = NoisedMean(noise_multiplier=1e-12, clip_norm=100.0)
+    release = NoisedMean(noise_multiplier=1.0, clip_norm=100.0)
     direct = FedAvgM(weighting="uniform", server_lr=1.0, server_momentum=0.5, statistic=release)
     release.plan("poisson", 0.5, 10, 1)
     direct.setup(initial, 4, seed=3)
     preset = ClientLevelDP(inner=FedAvgM(weighting="uniform", server_lr=1.0, server_momentum=0.5),
-                           noise_multiplier=1e-12, clip_norm=100.0)  # fmt: skip
+                           noise_multiplier=1.0, clip_norm=100.0)  # fmt: skip
     preset.plan("poisson", 0.5, 10, 1)
     preset.setup(initial, 4, seed=3)
+    release.update_noise = preset.statistic.update_noise = 0.0  # the estimator, noiseless
     assert direct.releases_every_round and preset.releases_every_round
     for r, value in enumerate([2.0, 4.0]):
         round_uploads = [Upload(0, {"w": torch.tensor([value, 0.0, 0.0])}, 1, 1)]
@@ -82,6 +87,40 @@ def test_the_rules_read_the_statistic_not_the_class():
     dp_nova.statistic.plan("poisson", 0.5, 10, 1)
     with pytest.raises(ConfigurationError, match="FedNova cannot: its server update normalises"):
         dp_nova.setup({"w": torch.zeros(2)}, 4)
+
+
+class OnlyStartUpCheck:
+    """A user's statistic with ``check_byzantine`` alone: each round is tested by it too."""
+
+    def __init__(self):
+        self.checked = []
+
+    def check_byzantine(self, per_round, byzantine):
+        self.checked.append((per_round, byzantine))
+
+    def combine(self, uploads, weights, context: StatisticContext):
+        return dict(uploads[0])
+
+
+def test_each_rounds_breakdown_check_is_the_statistics_read_through_the_aggregator():
+    """Krum adopts the run's f at start-up and tests every round's n against it (docs section 8):
+    the loop asks the aggregator (``check_round_byzantine``), FedAvg asks its statistic, and a
+    wrapper (ClientLevelDP, InCo) its inner; whichever aggregator holds Krum, the round with
+    ``n <= 2f + 2`` uploads fails, and Multi-Krum's ``selected`` is held to ``n - f``."""
+    for holder in (Krum(), FedAvgM(weighting="uniform", statistic=KrumRule())):
+        holder.check_byzantine(per_round=10, byzantine=2)  # start-up: f = 2 adopted
+        assert holder.statistic.assumed_byzantine == 2
+        holder.check_round_byzantine(7, 0)  # 7 > 2f + 2, whatever this round holds
+        with pytest.raises(ConfigurationError, match=r"n=6 clients, and \S+ needs n > 2f \+ 2"):
+            holder.check_round_byzantine(6, 0)  # failures left 6: Krum's f = 2 no longer fits
+    multi = MultiKrum(selected=6)
+    multi.check_byzantine(10, 2)
+    multi.check_round_byzantine(8, 1)
+    with pytest.raises(ConfigurationError, match=r"selected=6 exceeds n - f = 7 - 2"):
+        multi.check_round_byzantine(7, 1)
+    user = OnlyStartUpCheck()
+    FedAvg(statistic=user).check_round_byzantine(4, 1)
+    assert user.checked == [(4, 1)]
 
 
 def test_a_statistic_and_a_shorthand_together_are_refused():

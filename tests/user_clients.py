@@ -3,6 +3,7 @@
 
 import os
 import signal
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -276,6 +277,40 @@ class RaisingObjective(ClientModule):
     def __init__(self, eps: float = 0.1, **kwargs):
         super().__init__(**kwargs)
         raise RuntimeError("no label smoothing table for eps=0.1")
+
+
+class WrongServerUpdate(FedAvg):
+    """A server update that returns, from round ``from_round`` on, what the server state cannot
+    hold for its first parameter (``how``): ``shape`` (flattened), ``dtype`` (float64),
+    ``numpy`` (a numpy array of the right dtype and shape), ``device`` (on the meta device): the
+    run must stop naming it and the key, after its last good checkpoint."""
+
+    def __init__(self, how: str = "shape", from_round: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        self.from_round = from_round
+
+    def server_update(self, server_round):
+        if server_round.index + 1 < self.from_round:
+            return {}
+        key = server_round.parameter_keys[0]
+        mean = server_round.mean[key]
+        wrong = {"shape": lambda: mean.flatten(), "dtype": mean.double,
+                 "numpy": lambda: mean.cpu().numpy(), "device": lambda: mean.to("meta")}  # fmt: skip
+        return {key: wrong[self.how]()}
+
+
+class UnpicklableState(FedAvg):
+    """An aggregator whose declared state holds a lock, which no checkpoint can hold: the run must
+    stop naming it and the key before its first checkpoint."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("guard", [])
+
+    def on_setup(self, initial):
+        super().on_setup(initial)
+        self.guard = [threading.Lock()]
 
 
 # -- the state contract (docs/algorithms.md section 2.6): plug-ins as users write them -----------

@@ -10,8 +10,10 @@ checks every import in ``src/fedlightning`` (typing-only and function-level impo
 =====  ==========================================================================================
 layer  packages and top-level modules
 =====  ==========================================================================================
-0      errors seeding gc_tuning protocol placement metrics compute training state tracking
-       recorded_args optim_config signals torch_settings fingerprint
+0      errors seeding gc_tuning lazy protocol round_components placement metrics compute training
+       state tracking recorded_args optim_config signals torch_settings fingerprint scoring
+       folder_lock
+       config_checks determinism
 1      models data server analysis
 2      clients run_config attacks privacy
 3      fit
@@ -19,7 +21,8 @@ layer  packages and top-level modules
 5      backends
 6      loop
 7      cofed
-entry  cli cli_errors cli_help cofed.cli flower_app.server flower_app.__main__ fedlightning
+entry  cli cli_fit cli_runs cli_errors cli_names cli_help cli_catalog cli_scoring cofed.cli
+       flower_app.server flower_app.__main__ fedlightning
 =====  ==========================================================================================
 
 Entry points (the commands, the Flower ServerApp, this package root) may import anything; no
@@ -30,57 +33,35 @@ the loop or the backends, ``backends`` nothing of the loop, and ``flower_app`` (
 on SuperNodes) nothing of the backends. Module-level imports form no cycle.
 """
 
-from fedlightning.gc_tuning import gc_paused
+from fedlightning.lazy import lazy_exports
 
-with gc_paused():  # Lightning's imports: see fedlightning.gc_tuning
-    from fedlightning.clients import (
-        FML,
-        MOON,
-        ClientModule,
-        FedNovaClient,
-        FedProx,
-        ScaffoldClient,
-    )
-    from fedlightning.data import FederatedDataModule
-    from fedlightning.errors import ConfigurationError
-    from fedlightning.loop import FederatedLoop
-    from fedlightning.models import create_model, list_models, register_model
-    from fedlightning.protocol import Payload, Upload
-    from fedlightning.server import (
-        Aggregator,
-        FedAdam,
-        FedAvg,
-        FedAvgM,
-        FedCross,
-        FedNova,
-        InCo,
-        Scaffold,
-    )
-    from fedlightning.state import ClientStore
-
-__all__ = [
-    "FML",
-    "MOON",
-    "Aggregator",
-    "ClientModule",
-    "ClientStore",
-    "ConfigurationError",
-    "FedAdam",
-    "FedAvg",
-    "FedAvgM",
-    "FedCross",
-    "FedNova",
-    "FedNovaClient",
-    "FedProx",
-    "FederatedDataModule",
-    "FederatedLoop",
-    "InCo",
-    "Payload",
-    "Scaffold",
-    "ScaffoldClient",
-    "Upload",
-    "create_model",
-    "list_models",
-    "register_model",
-]
+#: the public names, each imported from its module on first use (:mod:`fedlightning.lazy`), so
+#: that ``fedlightning --version``, ``--help`` and ``list`` import no Lightning
+EXPORTS = {
+    "ClientModule": "fedlightning.clients.base",
+    "FML": "fedlightning.clients.mutual",
+    "FedNovaClient": "fedlightning.clients.fednova",
+    "FedProx": "fedlightning.clients.fedprox",
+    "MOON": "fedlightning.clients.moon",
+    "ScaffoldClient": "fedlightning.clients.scaffold",
+    "FederatedDataModule": "fedlightning.data.datamodule",
+    "ConfigurationError": "fedlightning.errors",
+    "FederatedLoop": "fedlightning.loop.core",
+    "create_model": "fedlightning.models",
+    "list_models": "fedlightning.models",
+    "register_model": "fedlightning.models",
+    "Payload": "fedlightning.protocol",
+    "Upload": "fedlightning.protocol",
+    "Aggregator": "fedlightning.server.base",
+    "FedAdam": "fedlightning.server.fedadam",
+    "FedAvg": "fedlightning.server.fedavg",
+    "FedAvgM": "fedlightning.server.fedavgm",
+    "FedCross": "fedlightning.server.fedcross",
+    "FedNova": "fedlightning.server.fednova",
+    "InCo": "fedlightning.server.inco",
+    "Scaffold": "fedlightning.server.scaffold",
+    "ClientStore": "fedlightning.state",
+}
+__all__ = sorted(EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
 __version__ = "0.1.0"

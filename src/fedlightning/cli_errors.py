@@ -1,7 +1,13 @@
 """What goes wrong at the command line, said in one line instead of a traceback.
 
-- :func:`check_config_files`: a ``-c/--config`` file that is not UTF-8 text (or cannot be read)
-  is refused naming the file and where the bad byte is, before anything is parsed.
+- :func:`check_subcommand`: an unknown subcommand names the closest ones.
+- :func:`check_config_files`: a ``-c/--config`` file that does not exist names the closest
+  config files; one that is not UTF-8 text (or cannot be read) is refused naming the file and
+  where the bad byte is, and one that gives a key twice naming the key and both lines, before
+  anything is parsed.
+- :func:`configuration_error`: the ConfigurationError behind an error (jsonargparse wraps those
+  raised while instantiating); a parse error is one already (:mod:`fedlightning.cli_fit`,
+  :mod:`fedlightning.cli_names`).
 - :func:`one_line_error`: a class named by ``class_path`` (an objective, an aggregator, a logger,
   a backend) whose constructor raised names the class, the exception and where it was raised; a
   Lightning logger whose optional package is missing names the package and how to install it; a
@@ -18,7 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from fedlightning.errors import ConfigurationError, RunInterrupted
+from fedlightning.cli_help import SUBCOMMANDS
+from fedlightning.config_checks import check_yaml_keys
+from fedlightning.errors import ConfigurationError, RunInterrupted, closest, did_you_mean
 from fedlightning.loop.rundir import NAME_MAX
 from fedlightning.signals import exit_status, signal_number, stopped_by
 
@@ -32,20 +40,33 @@ EXTRAS = {
 }
 
 
+def check_subcommand(argv: Sequence[str]) -> None:
+    """Refuse a first word that is no subcommand, naming the closest ones."""
+    if argv[0] not in SUBCOMMANDS:
+        raise ConfigurationError(
+            f"{argv[0]!r} is not a subcommand{did_you_mean(argv[0], list(SUBCOMMANDS))} "
+            f"(all: {', '.join(SUBCOMMANDS)}; fedlightning --help)"
+        )
+
+
 def check_config_files(argv: Sequence[str]) -> None:
-    """Refuse a ``-c FILE`` / ``--config FILE`` / ``--config=FILE`` that is not readable UTF-8
-    text (the parsers would fail with a UnicodeDecodeError traceback)."""
+    """Refuse a ``-c FILE`` / ``--config FILE`` / ``--config=FILE`` that does not exist (naming
+    the YAML files with the closest names in its folder), is not readable UTF-8 text (the
+    parsers would fail with a UnicodeDecodeError traceback), or whose YAML gives a key twice in
+    one mapping (:func:`fedlightning.config_checks.check_yaml_keys`)."""
     for flag, path in _config_arguments(argv):
         file = Path(path)
         try:
+            if not file.exists():
+                raise ConfigurationError(f"{flag} {path!r} does not exist{_near_files(file)}")
             if not file.is_file():
-                continue  # missing: the parser says so
+                continue  # a folder: the parser says what it takes
             data = file.read_bytes()
         except OSError as error:
             reason = os_reason(error, path)
             raise ConfigurationError(f"{flag} {path!r} cannot be read: {reason}") from None
         try:
-            data.decode("utf-8")
+            text = data.decode("utf-8")
         except UnicodeDecodeError as error:
             line = data[: error.start].count(b"\n") + 1
             column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
@@ -53,6 +74,16 @@ def check_config_files(argv: Sequence[str]) -> None:
                 f"{flag} {path!r} is not UTF-8 text: byte 0x{data[error.start]:02x} at line "
                 f"{line}, column {column} cannot be decoded; save the file as UTF-8"
             ) from None
+        check_yaml_keys(text, f"{flag} {path!r}")
+
+
+def _near_files(file: Path) -> str:
+    """``"; the closest: ..."`` among the YAML files of ``file``'s folder."""
+    folder = file.parent
+    if not folder.is_dir():
+        return f" (nor does its folder {str(folder)!r})"
+    near = closest(file.name, sorted(p.name for p in folder.glob("*.y*ml")))
+    return f"; the closest: {', '.join(str(folder / name) for name in near)}" if near else ""
 
 
 def _config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
@@ -78,6 +109,15 @@ def os_reason(error: OSError, path: str | None = None) -> str:
             )
         return f"the path is {len(path.encode())} bytes long, too long for the file system"
     return error.strerror or str(error)
+
+
+def configuration_error(error: BaseException | None) -> ConfigurationError | None:
+    """The ConfigurationError behind ``error`` (jsonargparse wraps errors raised while
+    instantiating), or None."""
+    for link in _chain(error) if error is not None else []:
+        if isinstance(link, ConfigurationError):
+            return link
+    return None
 
 
 def one_line_error(error: BaseException) -> str | None:

@@ -1,5 +1,6 @@
 """The front page of the ``fedlightning`` command: its subcommands, ``--version``, the usage that a
-bare ``fedlightning fit`` prints, and a help formatter that shows docstrings as plain terminal text.
+bare ``fedlightning fit`` prints, ``fedlightning list`` (:mod:`fedlightning.cli_catalog`), and a
+help formatter that shows docstrings as plain terminal text.
 
 Docstrings are written in reStructuredText (``code``, :func:`name`, :mod:`~a.b`); in a terminal
 the markup is noise, so :class:`PlainHelpFormatter` strips it from every description and option
@@ -10,14 +11,20 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 
 from jsonargparse import DefaultHelpFormatter
+
+from fedlightning.cli_catalog import KINDS, kind_named
+from fedlightning.errors import ConfigurationError, did_you_mean
 
 SUBCOMMANDS: dict[str, str] = {
     "fit": "federated training: rounds of client fits and aggregation, from a YAML config",
     "cofed": "CoFED's one-shot pipeline: pseudo labels on a public set, no rounds",
     "plot": "overlay a metric of run directories; --group-by NAME: mean +- std over seeds",
+    "test": "score a run's saved models (RUN_DIR/models.pt or last.ckpt) on the test set",
     "flower-app": "write a runnable Flower App (flwr run) from a config (the flower extra)",
+    "list": "what a config can name: objectives, aggregators, attacks, backends, models, data",
 }
 
 _ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`~?([^`<]*?)(?:\s*<[^`>]*>)?`")
@@ -84,14 +91,47 @@ def print_overview(file=None) -> None:
     print("\n".join(lines), file=file)
 
 
+#: the options ``fedlightning fit`` takes besides its parser's (:mod:`fedlightning.cli_runs`), the
+#: end of ``fedlightning fit --help``
+FIT_EPILOG = (
+    "fedlightning fit also takes --fast_dev_run (a smoke test: one round, 2 batches per client, "
+    "nothing kept) and --seeds S [S ...] (a run per seed into RUN_DIR/seed_S, then mean ± std); "
+    "fedlightning list names every objective, aggregator, attack, backend, model and data set."
+)
+
+
 def print_fit_usage(file=None) -> None:
     """What a bare ``fedlightning fit`` prints (to stderr; the command exits with status 2)."""
     file = file or sys.stderr
     print(
-        "usage: fedlightning fit -c CONFIG [--GROUP.OPTION VALUE ...]\n"
+        "usage: fedlightning fit -c CONFIG [--GROUP.OPTION VALUE ...] [--fast_dev_run] "
+        "[--seeds S [S ...]]\n"
         "fedlightning fit: a config is needed; the ready ones are under configs/, e.g.\n"
         "  fedlightning fit -c configs/quickstart.yaml\n"
         "  fedlightning fit -c configs/quickstart.yaml --print_config   # the config as it will run\n"
+        "  fedlightning fit -c configs/quickstart.yaml --fast_dev_run   # does it run? nothing kept\n"
+        "  fedlightning fit -c configs/quickstart.yaml --seeds 0 1 2    # a run per seed, mean ± std\n"
         "  fedlightning fit --help                                      # every option",
         file=file,
     )
+
+
+def print_catalog(titles: Sequence[str], file=None) -> None:
+    """``fedlightning list [KIND ...]``: each kind's short names (those the command line and
+    configs accept) with one line each; all kinds when ``titles`` is empty."""
+    unknown = [title for title in titles if kind_named(title) is None]
+    if unknown:
+        titles = [kind.title for kind in KINDS]
+        raise ConfigurationError(
+            f"fedlightning list {unknown[0]}: no such kind{did_you_mean(unknown[0], titles)} "
+            f"(all: {', '.join(titles)})"
+        )
+    file = file or sys.stdout
+    kinds = [kind_named(title) for title in titles] or list(KINDS)
+    width = max(len(name) for kind in kinds for name in kind.entries)
+    blocks = []
+    for kind in kinds:
+        lines = [f"{kind.title} ({kind.option} NAME):"]
+        lines += [f"  {name:<{width}}  {line}" for name, line in kind.entries.items()]
+        blocks.append("\n".join(lines))
+    print("\n\n".join(blocks), file=file)

@@ -1,6 +1,10 @@
 """Errors the library raises: bad user input, stopped runs, storage failures, lost workers."""
 
+import difflib
+import errno
 import signal
+from collections.abc import Sequence
+from pathlib import Path
 
 
 class ConfigurationError(ValueError):
@@ -17,6 +21,29 @@ def require(ok: bool, option: str, value: object, allowed: str) -> None:
         raise ConfigurationError(f"{option}={value!r} is not allowed: expected {allowed}")
 
 
+def closest(name: str, choices: Sequence[str], n: int = 3) -> list[str]:
+    """The ``n`` choices closest to ``name``, case ignored: those it begins, then by difflib's
+    ratio (at least 0.6)."""
+    lowered = {choice.lower(): choice for choice in choices}
+    key = name.lower()
+    near = [c for c in lowered if c.startswith(key) and c != key]
+    near += difflib.get_close_matches(key, list(lowered), n, 0.6)
+    return [lowered[c] for c in dict.fromkeys(near)][:n]
+
+
+def did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """``"; the closest: a, b"`` (nothing when no choice is close)."""
+    near = closest(name, choices)
+    return f"; the closest: {', '.join(near)}" if near else ""
+
+
+def unknown_name(what: str, name: str, choices: Sequence[str]) -> ConfigurationError:
+    """``unknown <what> '<name>': choose one of <choices>; the closest: ...``."""
+    return ConfigurationError(
+        f"unknown {what} {name!r}: choose one of {', '.join(choices)}{did_you_mean(name, choices)}"
+    )
+
+
 class RunStopped(RuntimeError):
     """A run stopped on purpose before its last round (``loop.on_round_failure: stop``).
 
@@ -29,6 +56,25 @@ class StorageError(RuntimeError):
     """The run could not read or write its own files (a full disk, a read-only or vanished run
     directory, a client-state file deleted under it). A framework error, never a client failure:
     the CLI prints the message (which names the path) and exits with status 1."""
+
+
+class PluginError(RuntimeError):
+    """A plug-in (an aggregator's ``server_update`` or ``state_dict``, an objective's state) broke
+    its contract mid-run: the message names the plug-in, the key, what came and what was
+    expected. The run stops after its last good checkpoint; the CLI prints the message without a
+    traceback and exits with status 1. Python callers get this exception."""
+
+
+def storage_error(error: OSError, path: str | Path, doing: str, note: str = "") -> StorageError:
+    """A one-line :class:`StorageError` for an OSError met while ``doing`` in ``path``."""
+    reason = {
+        errno.ENOSPC: "no space left on the device",
+        errno.EDQUOT: "disk quota exceeded",
+        errno.EROFS: "read-only file system",
+        errno.EACCES: "permission denied",
+    }.get(error.errno or -1, error.strerror or str(error))
+    where = f" ({error.filename})" if error.filename else ""
+    return StorageError(f"could not {doing} in {str(path)!r}: {reason}{where}{note}")
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -31,6 +31,7 @@ from torch import Tensor
 from fedlightning.attacks.labels import training_batches
 from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import FABRIC_PRECISIONS, PRECISION_PATHS, Compute, canonical
+from fedlightning.determinism import deterministic_compute, prepare_environment
 from fedlightning.optim_config import split_optimizers, step_schedulers
 from fedlightning.placement import move
 from fedlightning.privacy.dp_sgd_fit import DPSGDFit
@@ -86,7 +87,8 @@ class ClientFitter:
     def __init__(
         self, config: FitConfig, compute: Compute | None = None, lean: bool = True
     ) -> None:
-        if compute is None:
+        if compute is None:  # a worker's own: cuBLAS's workspace variable before CUDA starts
+            prepare_environment(config.deterministic)
             compute = Compute.resolve(config.accelerator, config.precision)
         self.compute = compute
         # the precision the fits run (16-mixed is bf16-mixed on a CPU, as Lightning runs it)
@@ -99,10 +101,17 @@ class ClientFitter:
 
         Seeded from ``(seed, round, client)`` so that the order in which clients are fitted never
         changes a result. ``num_steps`` (K_i) counts optimizer steps, as Lightning's
-        ``global_step`` does: also those a ``16-mixed`` gradient scaler skipped. Per-client data
-        kept on the module instead of in the state ``end_client`` returns is refused
+        ``global_step`` does: also those a ``16-mixed`` gradient scaler skipped. Runs under the
+        run's ``loop.deterministic`` (:func:`~fedlightning.determinism.deterministic_compute`):
+        in this process as in a Ray actor or a Flower node, and an op without a deterministic
+        implementation is a ConfigurationError, never a client failure. Per-client data kept on
+        the module instead of in the state ``end_client`` returns is refused
         (:class:`~fedlightning.clients.round_watch.ClientWatch`).
         """
+        with deterministic_compute(self.config.deterministic):
+            return self._fit(model, dm, job)
+
+    def _fit(self, model: ClientModule, dm: FederatedDataModule, job: ClientJob) -> FitResult:
         fit_seed = derive_seed(self.config.seed, "fit", job.round_index, job.client_id)
         seed_fit(fit_seed)
         if model.device != self.device:  # moving walks every submodule: only when needed

@@ -124,6 +124,8 @@ class FitConfig:
             with the config so that every backend's workers apply it).
         dp_sgd: DP-SGD's options as plain data (``loop.dp_sgd``,
             :meth:`fedlightning.privacy.DPSGD.settings`); ``None``: no sample-level DP.
+        deterministic: ``loop.deterministic`` (``True``, ``False`` or ``"warn"``), applied around
+            every fit (:mod:`fedlightning.determinism`), in every worker too.
     """
 
     local_epochs: int = 1
@@ -138,6 +140,7 @@ class FitConfig:
     onednn: bool = False
     dp_sgd: dict[str, Any] | None = None
     label_flip_clients: tuple[int, ...] = ()
+    deterministic: bool | Literal["warn"] = True
 
     def __post_init__(self) -> None:
         # a config read back from JSON (the Flower wire) holds a list: one type, hashable

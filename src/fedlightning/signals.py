@@ -14,7 +14,8 @@ it into :class:`~fedlightning.errors.RunInterrupted` naming the round its checkp
 the CLI exits with ``128 + signal number`` (130 for SIGINT, 143 for SIGTERM), the shell's
 convention. A second signal while the first unwinds is ignored, so cleanup (closing loggers,
 stopping Ray) finishes; SIGKILL still ends the process at once, and the checkpoint, written
-atomically, is intact either way.
+atomically, is intact either way. A signal once every file of the run is complete
+(:func:`finished`, just before its closing ``done:`` line) is ignored: the command exits 0.
 """
 
 from __future__ import annotations
@@ -54,21 +55,33 @@ def exit_status(signum: int) -> int:
     return 128 + int(signum)
 
 
-_stopping = {"active": False, "depth": 0}
+_stopping = {"active": False, "depth": 0, "finished": False}
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    if _stopping["active"]:  # the first signal is unwinding the run: let its cleanup finish
+    if _stopping["active"]:  # the first signal is unwinding the run, or the run is complete
         return
     _stopping["active"] = True
     raise StopSignal(signum)
 
 
+def finished() -> None:
+    """The command's work is complete (every file written, only its closing line to print): from
+    now on SIGINT and SIGTERM are ignored, so a signal in the last moments of a finished run (its
+    teardown, the interpreter's exit) neither turns its exit status 0 into 130/143 nor kills the
+    process without a line."""
+    _stopping["active"] = _stopping["finished"] = True
+
+
 @contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals(ignore_once_finished: bool = False) -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM raise :class:`StopSignal` in the main thread; the
     previous handlers are restored afterwards. Blocks may nest (the CLI's around the loop's).
-    Outside the main thread (where Python cannot install handlers) the block runs unchanged."""
+    Outside the main thread (where Python cannot install handlers) the block runs unchanged.
+
+    ``ignore_once_finished`` (the outermost block of a command's own process): if the work
+    inside was :func:`finished`, both signals stay ignored after the block, until the process
+    exits."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -80,9 +93,13 @@ def stop_on_signals() -> Iterator[None]:
         yield
     finally:
         _stopping["depth"] -= 1
+        done = False
         if _stopping["depth"] == 0:
-            _stopping["active"] = False
+            done = _stopping["finished"]
+            _stopping["active"] = _stopping["finished"] = False
         for signum, handler in previous.items():
+            if done and ignore_once_finished:
+                handler = signal.SIG_IGN
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 

@@ -3,18 +3,23 @@
 A client fit's result depends on more than its inputs and seed: on the CPU, the number of intra-op
 threads decides how a reduction (a convolution's weight gradient, a matmul) is split and so the
 order its partial sums are added in; oneDNN kernels, deterministic algorithms, flush-to-zero of
-denormals and the float32 matmul precision change results too. A worker process (a Ray actor)
-starts with its own defaults (Ray sets ``OMP_NUM_THREADS`` to the actor's ``num_cpus``), so the
-backends that fit clients elsewhere capture these settings in the driver, where the sequential
-path computes, and apply them in each worker: results are then byte-identical to the sequential
-backend's whatever ``OMP_NUM_THREADS`` the user has.
+denormals and the float32 matmul precision change results too, and on a GPU cuDNN's flags and
+cuBLAS's workspace (``CUBLAS_WORKSPACE_CONFIG``, read when CUDA starts). A worker process (a Ray
+actor) starts with its own defaults (Ray sets ``OMP_NUM_THREADS`` to the actor's ``num_cpus``), so
+the backends that fit clients elsewhere capture these settings in the driver, where the sequential
+path computes (inside the run's ``cpu_compute`` and ``deterministic_compute``), and apply them in
+each worker, the environment variable first: results are then byte-identical to the sequential
+backend's whatever ``OMP_NUM_THREADS`` the user has (docs/algorithms.md section 9.1).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+
+from fedlightning.determinism import CUBLAS_VARIABLE
 
 
 def _flushes_denormals() -> bool:
@@ -37,6 +42,7 @@ class ComputeSettings:
     float32_matmul_precision: str
     cudnn_deterministic: bool
     cudnn_benchmark: bool
+    cublas_workspace_config: str | None = None
 
     @classmethod
     def current(cls) -> ComputeSettings:
@@ -51,12 +57,16 @@ class ComputeSettings:
             float32_matmul_precision=torch.get_float32_matmul_precision(),
             cudnn_deterministic=torch.backends.cudnn.deterministic,
             cudnn_benchmark=torch.backends.cudnn.benchmark,
+            cublas_workspace_config=os.environ.get(CUBLAS_VARIABLE),
         )
 
     def apply(self) -> None:
         """Make this process compute as the one :meth:`current` was taken in. The inter-op pool
         can be sized only before its first use; it runs independent ops side by side and never
-        changes a result, so a process that used it already keeps its size."""
+        changes a result, so a process that used it already keeps its size. cuBLAS's workspace
+        variable is set first: a worker applies these before it starts CUDA."""
+        if self.cublas_workspace_config is not None:
+            os.environ[CUBLAS_VARIABLE] = self.cublas_workspace_config
         torch.set_num_threads(self.num_threads)
         if torch.get_num_interop_threads() != self.num_interop_threads:
             try:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedlightning.analysis.plots import _pyplot
+from fedlightning.analysis.plots import save
 
 #: the modules whose outputs are compared: ResNet stages and their blocks, ViT blocks
 DEFAULT_LAYERS = r"(.*\.)?(layer\d+(\.\d+)?|blocks\.\d+)"
@@ -80,16 +80,19 @@ def client_cka(
 
 
 def plot_cka(matrices: Mapping[str, np.ndarray], names: Sequence[str], out: str | Path) -> Path:
-    """One heat map per layer (CKA in [0, 1]), clients on both axes, side by side."""
-    plt = _pyplot()
+    """One heat map per layer (CKA in [0, 1]), the models on both axes, side by side: the model
+    names label the rows of the first panel only and the columns of every panel (slanted), so no
+    label runs into a neighbouring panel; constrained layout makes room for them."""
+    from matplotlib.figure import Figure
+
     layers = list(matrices)
-    fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers) + 1, 3.4), squeeze=False)
-    for ax, layer in zip(axes[0], layers, strict=True):
+    fig = Figure(figsize=(2.6 * len(layers) + 1.6, 3.2), layout="constrained")
+    axes = fig.subplots(1, len(layers), squeeze=False, sharey=True)[0]
+    for index, (ax, layer) in enumerate(zip(axes, layers, strict=True)):
         image = ax.imshow(matrices[layer], vmin=0, vmax=1, cmap="viridis")
         ax.set_title(layer)
-        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(names)), names, fontsize=7)
-    fig.colorbar(image, ax=axes[0].tolist(), label="linear CKA")
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return Path(out)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        if index == 0:  # shared: the other panels show no row labels
+            ax.set_yticks(range(len(names)), names, fontsize=7)
+    fig.colorbar(image, ax=list(axes), label="Linear CKA", shrink=0.8)
+    return save(fig, out, dpi=130)

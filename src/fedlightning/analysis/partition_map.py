@@ -49,7 +49,7 @@ def binned_rows(table: np.ndarray, max_rows: int) -> tuple[np.ndarray, int]:
     return np.stack([p[g].mean(axis=0) for g in groups]), per_row
 
 
-def partition_figure(table: np.ndarray, title: str = "partition", max_rows: int = 100):
+def partition_figure(table: np.ndarray, title: str = "Partition", max_rows: int = 100):
     """The figure: the heat map (left) and the label-entropy histogram (right) of a clients x
     classes table of sample counts (a Figure outside pyplot: nothing to close)."""
     from fedlightning.analysis.plots import figure, integer_axis
@@ -65,12 +65,12 @@ def partition_figure(table: np.ndarray, title: str = "partition", max_rows: int 
         extent=(-0.5, classes - 0.5, clients - 0.5, -0.5),
     )  # fmt: skip
     if per_row == 1:
-        ylabel, colour = "client", "samples"
+        ylabel, colour = "Client", "Samples"
     else:
-        ylabel = f"clients sorted by dominant class ({per_row} per row)"
-        colour = "mean fraction of a client's samples"
+        ylabel = f"Clients sorted by dominant class ({per_row} per row)"
+        colour = "Mean fraction of a client's samples"
     heat_ax.set(
-        xlabel="class", ylabel=ylabel, title=f"{title}: {clients} clients x {classes} classes"
+        xlabel="Class", ylabel=ylabel, title=f"{title}: {clients} clients × {classes} classes"
     )
     integer_axis(heat_ax.xaxis)
     integer_axis(heat_ax.yaxis)
@@ -78,7 +78,7 @@ def partition_figure(table: np.ndarray, title: str = "partition", max_rows: int 
     entropy = label_entropy(table)
     hist_ax.hist(entropy, bins=np.linspace(0, 1, 21), color="tab:blue", edgecolor="white")
     hist_ax.set(
-        xlabel="label entropy H(p) / log C", ylabel="clients", title="label skew", xlim=(0, 1)
+        xlabel="Label entropy H(p) / log C", ylabel="Clients", title="Label skew", xlim=(0, 1)
     )
     integer_axis(hist_ax.yaxis)
     fig.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.12, wspace=0.3)
@@ -86,8 +86,9 @@ def partition_figure(table: np.ndarray, title: str = "partition", max_rows: int 
 
 
 def plot_partition(
-    table: np.ndarray, out: str | Path, title: str = "partition", max_rows: int = 100
+    table: np.ndarray, out: str | Path, title: str = "Partition", max_rows: int = 100
 ) -> Path:
     """Write :func:`partition_figure` to ``out`` (a PNG of at most 1100 x 506 pixels)."""
-    partition_figure(table, title, max_rows).savefig(out, dpi=DPI)
-    return Path(out)
+    from fedlightning.analysis.plots import save
+
+    return save(partition_figure(table, title, max_rows), out, dpi=DPI)

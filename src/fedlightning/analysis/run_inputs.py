@@ -12,8 +12,13 @@ import numpy as np
 
 #: the options a ``fedlightning plot -c FILE`` may set, with their defaults
 PLOT_OPTIONS: dict[str, Any] = {
-    "metric": "test_acc", "group_by": None, "x": "round", "title": None, "output": "runs.png",
+    "metric": "test_acc", "group_by": None, "x": "round", "title": None, "xlabel": None,
+    "ylabel": None, "labels": None, "figsize": None, "output": "runs.png",
 }  # fmt: skip
+#: the options that take a list (the others take one text value)
+LIST_OPTIONS = ("labels", "figsize")
+#: ``fedlightning plot``'s figure size in inches when none is given
+DEFAULT_FIGSIZE = (9.0, 4.4)
 
 
 class PlotInputError(ValueError):
@@ -137,8 +142,37 @@ def read_options(config: str | Path) -> dict[str, Any]:
             f"-c {str(path)!r}: unknown keys {unknown}; allowed: {sorted(PLOT_OPTIONS)}"
         )
     for key, value in loaded.items():
-        if value is not None and not isinstance(value, str | int | float):
-            raise PlotInputError(
-                f"-c {str(path)!r}: {key}={value!r} is not allowed: expected a text value"
-            )
-    return {key: None if value is None else str(value) for key, value in loaded.items()}
+        if key in LIST_OPTIONS and isinstance(value, list):
+            if all(isinstance(v, str | int | float) for v in value):
+                continue
+        elif value is None or isinstance(value, str | int | float):
+            continue
+        expected = "a list of text values" if key in LIST_OPTIONS else "a text value"
+        raise PlotInputError(
+            f"-c {str(path)!r}: {key}={value!r} is not allowed: expected {expected}"
+        )
+    options: dict[str, Any] = {}
+    for key, value in loaded.items():
+        if value is None:
+            options[key] = None
+        elif key in LIST_OPTIONS:  # one name is a list of one
+            options[key] = [str(v) for v in (value if isinstance(value, list) else [value])]
+        else:
+            options[key] = str(value)
+    return options
+
+
+def figure_size(value: Any) -> tuple[float, float]:
+    """``--figsize WIDTH HEIGHT`` in inches: two numbers > 0 (:data:`DEFAULT_FIGSIZE` if None)."""
+    if value is None:
+        return DEFAULT_FIGSIZE
+    try:
+        width, height = (float(v) for v in value)
+    except (TypeError, ValueError):
+        width = height = float("nan")
+    if not (0 < width <= 100 and 0 < height <= 100):
+        raise PlotInputError(
+            f"--figsize {' '.join(map(str, value)) if isinstance(value, list | tuple) else value}: "
+            "expected two numbers, the width and height in inches (e.g. --figsize 6 3.5)"
+        )
+    return width, height

@@ -63,6 +63,10 @@ class FlippedLabels:
         for x, y in self.batches:
             yield x, flip_labels(y, self.num_classes)
 
+    def batch_rows(self) -> list[torch.Tensor]:
+        """The next pass's batches as row indices into ``(x, y)``, as ``batches`` draws them."""
+        return self.batches.batch_rows()  # type: ignore[attr-defined]
+
 
 def training_batches(dm: FederatedDataModule, client_id: int, seed: int, config: FitConfig) -> Any:
     """Client ``client_id``'s training batches for one fit, shuffled from ``seed``

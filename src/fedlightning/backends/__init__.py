@@ -6,13 +6,16 @@ picks the cohort where it is supported and faster, else sequential. Chosen by ``
 ``class_path`` like the aggregator; results do not depend on the backend beyond the cohort's
 floating-point reassociation (see :mod:`fedlightning.backends.base` for where that shows)."""
 
-from fedlightning.backends.auto import AutoBackend
-from fedlightning.backends.base import Backend
-from fedlightning.backends.cohort import CohortBackend
-from fedlightning.backends.flower import FlowerBackend
-from fedlightning.backends.ray import RayBackend
-from fedlightning.backends.sequential import SequentialBackend
+from fedlightning.lazy import lazy_exports
 
-__all__ = [
-    "AutoBackend", "Backend", "CohortBackend", "FlowerBackend", "RayBackend", "SequentialBackend",
-]  # fmt: skip
+#: public name -> its module, imported on first use (fedlightning.lazy: no Lightning before)
+EXPORTS = {
+    "AutoBackend": "fedlightning.backends.auto",
+    "Backend": "fedlightning.backends.base",
+    "CohortBackend": "fedlightning.backends.cohort",
+    "FlowerBackend": "fedlightning.backends.flower",
+    "RayBackend": "fedlightning.backends.ray",
+    "SequentialBackend": "fedlightning.backends.sequential",
+}
+__all__ = list(EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedlightning.errors import WorkerLost
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
@@ -50,9 +50,24 @@ class Backend(RecordsInitArgs, ABC):
 
     on_client_done: ClientDone | None = None
 
+    @property
+    def individual_uploads(self) -> bool:
+        """Whether the uploads :meth:`run` returns are the clients' own (an attack can replace
+        a malicious one); False: stand-ins that carry only their sum (secure aggregation)."""
+        return True
+
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:  # noqa: B027 (optional hook)
         """Raise a ConfigurationError if this backend cannot fit ``model`` under ``config`` on
         ``compute``; called by the loop at start-up, before anything is written or trained."""
+
+    def decide(  # noqa: B027 (optional hook)
+        self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
+        compute: Compute, clients_per_round: int, recorded: Any = None,
+    ) -> None:  # fmt: skip
+        """Settle what needs the run's data (:class:`~fedlightning.backends.AutoBackend` measures
+        its paths); called by the loop at start-up once the data module and the objective are set
+        up, before the run's identity is computed. ``recorded`` is the ``backend_results`` of the
+        checkpoint a resume starts from (``None``: a new run)."""
 
     def check_aggregator(self, aggregator: Aggregator) -> None:  # noqa: B027 (optional hook)
         """Raise a ConfigurationError if this backend cannot serve ``aggregator`` (the Flower

@@ -9,11 +9,17 @@ cohort_context`; nothing is declared). These are stacked along a leading client 
 through ``functional_call`` on each client's slice, gives every client's gradient, updated
 BatchNorm buffers and tracked metrics per step; the optimizer step, clipping and ``16-mixed``
 scaling are per client (:mod:`fedlightning.backends.cohort_optim`). Each client sees exactly the
-batches of its sequential fit; clients whose current batch has another size (a shorter last batch)
-are vmapped in a group of their own, so no padding changes the objective; a client that has run
-out of steps keeps its parameters and optimizer state. Clients of different architectures
-(``model.networks``) are one cohort per architecture, run back to back. After training, each
-client's view is put back with its trained tensors, optimizer state and tracked metrics, and
+batches of its sequential fit, drawn for the whole round before the first step and sliced on the
+device (:mod:`fedlightning.backends.cohort_plan`). A step where every client has a batch of one
+size (the common case) works on the stacked tensors in place, with no gather, scatter or host
+synchronisation, and on a CUDA device is captured once and replayed (:mod:`fedlightning.backends.
+cohort_step`, :mod:`fedlightning.backends.cohort_capture`; docs/algorithms.md section 9.2); in
+other steps, clients whose current batch has another size (a shorter last batch) are vmapped in a
+group of their own, so no padding changes the objective, and a client that has run out of steps
+keeps its parameters and optimizer state. Clients of different architectures (``model.networks``)
+are one cohort per architecture, run back to back; on a GPU, a cohort whose clients do not fit in
+memory together runs in chunks sized from the free memory (:mod:`fedlightning.backends.
+cohort_memory`). After training, each client's view is put back with its trained tensors, optimizer state and tracked metrics, and
 :func:`fedlightning.fit.fit_result` builds its result from its ``end_client`` and
 ``client_metrics()``, as for every backend.
 
@@ -30,10 +36,10 @@ With BatchNorm the two backends agree after a step, closely after a round, and i
 over many rounds (tested: tests/test_cohort_context.py).
 
 Dropout masks are drawn with ``vmap(randomness="different")`` from the global generator, seeded
-per round and architecture group from ``(seed, "cohort", round, group)``: runs are deterministic
-and clients' masks are independent, but they are not the masks a sequential fit draws (no
-per-client generator exists inside one vmapped call), so with dropout the two backends agree in
-distribution only.
+per round, architecture group and chunk from ``(seed, "cohort", round, group)`` (and the chunk
+after the first): runs are deterministic and clients' masks are independent, but they are not the
+masks a sequential fit draws (no per-client generator exists inside one vmapped call), so with
+dropout the two backends agree in distribution only.
 
 Refused before training, with the reason: objectives that need a Lightning Trainer (manual
 optimization, overridden hooks), LR schedulers, optimizers other than SGD/Adam/AdamW (or with
@@ -48,25 +54,21 @@ flow, ``.item()``) is refused with vmap's message at its first step.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch import nn
 
 from fedlightning.attacks.labels import training_batches
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
+from fedlightning.backends.cohort_capture import FullSteps
 from fedlightning.backends.cohort_checks import check_cohort
-from fedlightning.backends.cohort_metrics import StackedMetrics
-from fedlightning.backends.cohort_optim import (
-    StackedOptimizer,
-    StackedScaler,
-    clip_gradients,
-    optimizer_refusal,
-)
+from fedlightning.backends.cohort_memory import ChunkSizes
+from fedlightning.backends.cohort_optim import StackedOptimizer, StackedScaler, optimizer_refusal
+from fedlightning.backends.cohort_plan import RoundPlan
 from fedlightning.backends.cohort_state import ClientView, ContextLoss
+from fedlightning.backends.cohort_step import CohortStep, Stacks
 from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import COHORT_PRECISIONS, Compute
 from fedlightning.errors import ConfigurationError
@@ -87,7 +89,17 @@ def _refuse(reason: str) -> None:
 
 
 class CohortBackend(Backend):
-    """Trains every sampled client of a round at once (see the module docstring)."""
+    """Trains every sampled client of a round at once (see the module docstring).
+
+    Args:
+        capture: on a CUDA device, capture a round's full steps as a CUDA graph and replay them
+            (:mod:`fedlightning.backends.cohort_capture`); no result depends on it.
+    """
+
+    def __init__(self, capture: bool = True) -> None:
+        self.capture = capture
+        self.chunks = ChunkSizes()
+        self._capture_failures: set[str] = set()  # each reason logged once a run
 
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
         if config.dp_sgd is not None:
@@ -129,10 +141,21 @@ class CohortBackend(Backend):
         for job in jobs:  # one cohort per architecture (state_dict key set), back to back
             groups.setdefault(frozenset(job.payload.weights), []).append(job)
         results: RoundResults = {}
-        for number, cohort in enumerate(groups.values()):
-            results.update(self._run_cohort(round_index, number, cohort))
-            for job in cohort if self.on_client_done is not None else ():
-                self.on_client_done(job.client_id)  # a cohort's clients finish together
+        for number, (architecture, cohort) in enumerate(groups.items()):
+            start = 0
+            while start < len(cohort):  # chunks that fit in the device's memory
+                size = self.chunks.size(architecture, len(cohort) - start, self.device)
+                chunk = cohort[start : start + size]
+                seed = derive_seed(self.config.seed, "cohort", round_index, number)
+                if start:
+                    seed = derive_seed(seed, "chunk", start)
+                with self.chunks.attempt(architecture, len(chunk), self.device) as fitted:
+                    results.update(self._run_cohort(round_index, seed, chunk))
+                if not fitted:
+                    continue  # out of memory: the same clients again in a smaller chunk
+                start += size
+                for job in chunk if self.on_client_done is not None else ():
+                    self.on_client_done(job.client_id)  # a chunk's clients finish together
         # the global RNG as a sequential round leaves it: seeded for the last client's fit
         seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))
         return results
@@ -142,7 +165,7 @@ class CohortBackend(Backend):
         self.model.begin_client(job.client_id, job.payload, job.state)
         self.model.train()
 
-    def _run_cohort(self, round_index: int, number: int, jobs: list[ClientJob]) -> RoundResults:
+    def _run_cohort(self, round_index: int, seed: int, jobs: list[ClientJob]) -> RoundResults:
         model, config, device = self.model.to(self.device), self.config, self.device
         views, optimizers, names, watches = [], [], [], []
         for job in jobs:  # begin_client once per client: its view is kept until its end_client
@@ -156,114 +179,72 @@ class CohortBackend(Backend):
         wrapper = ContextLoss(model, views[0])
         params, buffers, context = wrapper.stack(views, device)
         # the optimizer's parameters are trained; the others are fixed inputs of the loss
-        trained = [names[0][id(p)] for g in optimizers[0].param_groups for p in g["params"]]
-        trainable = {n: params[n] for n in trained}
-        fixed = {n: p for n, p in params.items() if n not in trainable}
+        trained = {names[0][id(p)] for g in optimizers[0].param_groups for p in g["params"]}
         modules = {k: v for k, v in context.items() if k.startswith("context_modules.")}
-        tensors = {k: v for k, v in context.items() if k not in modules}
+        stacks = Stacks(
+            {n: p for n, p in params.items() if n in trained},
+            {n: p for n, p in params.items() if n not in trained},
+            buffers, modules, {k: v for k, v in context.items() if k not in modules},
+        )  # fmt: skip
         optim = StackedOptimizer.stack(optimizers, names, params)
         del optimizers
-
-        def loss(p, f, b, m, t, scale, batch):
-            b = {k: v.clone() for k, v in b.items()}  # updated in place by BatchNorm, returned
-            value, tracked = functional_call(wrapper, {**p, **f, **b, **m}, (batch, t))
-            return value * scale, (tracked, b)
-
-        step = vmap(grad_and_value(loss, has_aux=True), randomness="different")
         scaler = StackedScaler(len(jobs), device) if config.precision == "16-mixed" else None
-        dtype = self.compute.autocast_dtype
-        autocast = torch.autocast(device.type, dtype=dtype) if dtype else nullcontext()
-        seed_fit(derive_seed(config.seed, "cohort", round_index, number))  # dropout masks
-        streams = [_batches(self.dm, config, round_index, job.client_id) for job in jobs]
-        steps = torch.zeros(len(jobs), dtype=torch.long)
-        metrics = StackedMetrics(len(jobs))
-        ones = torch.ones(len(jobs), device=device)
-        while True:
-            batches = [next(s, None) for s in streams]
-            active_ids = [i for i, b in enumerate(batches) if b is not None]
-            if not active_ids:
-                break
-            grads = {n: torch.zeros_like(p) for n, p in trainable.items()}
-            finite = torch.ones(len(jobs), dtype=torch.bool, device=device)
-            for group in _by_size(batches, active_ids):
-                index = torch.tensor(group, device=device)
-                batch = tuple(
-                    torch.stack([batches[i][j] for i in group]).to(device) for j in range(2)
-                )
-                scale = scaler.scale[index] if scaler else ones[index]
-                parts = (trainable, fixed, buffers, modules, tensors)
-                sub = [{n: x[index] for n, x in part.items()} for part in parts]
-                try:
-                    with autocast:
-                        g, (_, (tracked, new_buffers)) = step(*sub, scale, batch)
-                except RuntimeError as error:  # e.g. data-dependent control flow in local_loss
-                    if "vmap" not in str(error) and "functorch" not in str(error):
-                        raise
-                    _refuse(f"{type(model).__name__}.local_loss cannot be vmapped ({error})")
-                if scaler:
-                    g, ok = scaler.unscale(g, index)
-                    finite[index] = ok
-                if config.gradient_clip_val is not None:
-                    g = clip_gradients(g, config.gradient_clip_val, config.gradient_clip_algorithm)
-                for n in grads:
-                    grads[n][index] = g[n]
-                for n in buffers:
-                    buffers[n][index] = new_buffers[n]
-                metrics.add(tracked, index, group)
-            active = torch.zeros(len(jobs), dtype=torch.bool, device=device)
-            active[active_ids] = True
-            optim.step(trainable, grads, active & finite)
-            if scaler:
-                scaler.update(finite, active)
-            steps[active_ids] += 1
-        stacks = {**params, **buffers, **context}
-        return self._finish(jobs, views, wrapper, stacks, optim, steps, metrics, watches)
+        clip = (config.gradient_clip_val, config.gradient_clip_algorithm)
+        step = CohortStep(wrapper, stacks, optim, scaler, clip, self.compute.autocast_dtype, device)
+        seed_fit(seed)  # dropout masks
+        loaders = [
+            training_batches(self.dm, job.client_id,
+                             derive_seed(config.seed, "fit", round_index, job.client_id), config)
+            for job in jobs
+        ]  # fmt: skip
+        plan = RoundPlan.build(loaders, config.local_epochs, config.local_steps, device)
+        with step.context(), wrapper.vectorized(), _vmap_refusal(model):
+            self._train(step, plan)
+        stacked = {**params, **buffers, **context}
+        return self._finish(jobs, views, wrapper, stacked, step, plan, watches)
 
-    def _finish(self, jobs, views, wrapper, stacks, optim, steps, metrics, watches) -> RoundResults:
+    def _train(self, step: CohortStep, plan: RoundPlan) -> None:
+        """Every step of the round's ``plan``: full ones through :class:`FullSteps`, the others
+        by batch-size group."""
+        full = FullSteps(step, plan, self.capture, self._capture_failures)
+        for planned in plan.steps:
+            if planned.full is not None:
+                full(planned.size, planned.full)
+            else:
+                assert planned.active is not None
+                groups = [(group.index, plan.batch(group.rows)) for group in planned.groups]
+                step.partial(groups, planned.active)
+
+    def _finish(self, jobs, views, wrapper, stacks, step, plan, watches) -> RoundResults:
         """Each client's view back on the objective with its trained tensors, optimizer state and
         tracked metrics, then the result as every backend builds it (:func:`fit_result`)."""
-        model, results = self.model, {}
+        model, optim, results = self.model, step.optimizer, {}
         for i, (job, view) in enumerate(zip(jobs, views, strict=True)):
             view.restore(model)
             wrapper.load_client(i, stacks)
             watches[i].mark()
             optimizer = split_optimizers(model.configure_optimizers())[0]
             by_id = {id(p): f"objective.{n}" for n, p in model.named_parameters()}
-            num_steps = int(steps[i])
+            num_steps = plan.num_steps[i]
             for p in (p for g in optimizer.param_groups for p in g["params"]):
                 name = by_id[id(p)]
                 if name in optim.state:
                     had = dict(optimizer.state.get(p, {}))
                     optimizer.state[p] = optim.client_state(name, i, num_steps > 0, had)
-            metrics.load(i, model.batch_metrics)
+            step.metrics.load(i, model.batch_metrics)
             samples = self.dm.client_num_samples(job.client_id)
             results[job.client_id] = fit_result(model, job, samples, num_steps)
             watches[i].ended()
         return results
 
 
-def _by_size(batches: Sequence[Any], active: Sequence[int]) -> list[list[int]]:
-    """The active clients grouped by the size of their current batch (one vmap per group)."""
-    groups: dict[int, list[int]] = {}
-    for i in active:
-        groups.setdefault(len(batches[i][1]), []).append(i)
-    return list(groups.values())
-
-
-def _batches(
-    dm: FederatedDataModule, config: FitConfig, round_index: int, cid: int
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """Client ``cid``'s batches in the order its sequential fit takes them."""
-    loader = training_batches(dm, cid, derive_seed(config.seed, "fit", round_index, cid), config)
-    taken, passes, steps = 0, 0, config.local_steps
-    while (steps is None and passes < config.local_epochs) or (steps is not None and taken < steps):
-        passes += 1
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-            taken += 1
-            if taken == steps:
-                return
-        if empty:
-            return
+@contextmanager
+def _vmap_refusal(model: ClientModule) -> Iterator[None]:
+    """A ``local_loss`` that vmap cannot run (data-dependent control flow, ``.item()``) is
+    refused with vmap's message."""
+    try:
+        yield
+    except RuntimeError as error:
+        if "vmap" not in str(error) and "functorch" not in str(error):
+            raise
+        _refuse(f"{type(model).__name__}.local_loss cannot be vmapped ({error})")

@@ -109,7 +109,8 @@ def rebuild(value: Any, path: Path, leaves: dict[Path, Any], inner: set[Path]) -
     if isinstance(value, tuple):
         items = [rebuild(v, (*path, ("item", i)), leaves, inner) for i, v in enumerate(value)]
         return type(value)(*items) if hasattr(type(value), "_fields") else type(value)(items)
-    new = copy.copy(value)
+    # a plain dict or list copied by its constructor (which torch.compile traces), others by copy
+    new = type(value)(value) if type(value) in (dict, list) else copy.copy(value)
     for step, child in _children(value) or ():
         step_path = (*path, step)
         if step_path in leaves or step_path in inner:

@@ -20,7 +20,8 @@ what cannot be stacked into one ``local_loss``.
 :class:`ContextLoss` is the module that ``functional_call`` runs: it binds each client's context
 slices in place of the attributes (in copies of their containers), calls the objective's own
 ``local_loss`` through its batch metrics and puts the attributes back, so the same code runs
-sequentially and under ``vmap``. While it runs, reading ``self.payload``, ``self.state`` or
+sequentially and under ``vmap`` (and traces whole under ``torch.compile``). While the cohort's
+steps run (:meth:`ContextLoss.vectorized`), reading ``self.payload``, ``self.state`` or
 ``self.client_id`` raises (:mod:`fedlightning.clients.per_client`). After training,
 :meth:`ClientView.restore` gives the objective each client's view again before its ``end_client``:
 its context as slices of the stacks, except tensors that were the same object, unchanged, for
@@ -30,6 +31,8 @@ the objective keeps them where they were after the round.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any
@@ -226,22 +229,34 @@ class ContextLoss(nn.Module):
     def forward(
         self, batch: tuple[Tensor, Tensor], context: dict[str, Tensor]
     ) -> tuple[Tensor, dict[str, Tensor]]:
+        # attributes set as Python sets them (``object.__setattr__``: no module registration),
+        # which torch.compile traces as it traces local_loss's reads
         objective = self.objective
-        own = vars(objective)
-        saved = dict(own)
+        saved = dict(vars(objective))
         leaves: dict[Path, Any] = {p: context[n] for p, n in self.tensor_names.items()}
         leaves.update((p, self.context_modules[n]) for p, n in self.module_names.items())
         try:
             for attr in self.attributes:
-                own[attr] = rebuild(saved[attr], (("attr", attr),), leaves, self.inner)
-            own[VECTORIZED_FLAG] = True
+                value = rebuild(saved[attr], (("attr", attr),), leaves, self.inner)
+                object.__setattr__(objective, attr, value)
             return objective.batch_metrics.step(objective.local_loss, batch)
         finally:  # also undoes what local_loss assigned: no vmapped tensor escapes
+            own = vars(objective)
             for name in [n for n in own if n not in saved]:
-                del own[name]
+                object.__delattr__(objective, name)
             for name, value in saved.items():
                 if own.get(name, _MISSING) is not value:
-                    own[name] = value
+                    object.__setattr__(objective, name, value)
+
+    @contextmanager
+    def vectorized(self) -> Iterator[None]:
+        """The block runs ``local_loss`` for every client at once: reading ``self.payload``,
+        ``self.state`` or ``self.client_id`` there raises (:data:`VECTORIZED_FLAG`)."""
+        setattr(self.objective, VECTORIZED_FLAG, True)
+        try:
+            yield
+        finally:
+            delattr(self.objective, VECTORIZED_FLAG)
 
     def load_client(self, i: int, stacks: dict[str, Tensor]) -> None:
         """Copy client ``i``'s slices of ``stacks`` (parameters, buffers, context modules' tensors)

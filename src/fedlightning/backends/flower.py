@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
@@ -169,6 +169,8 @@ class FlowerBackend(Backend):
         #: per node of the last plain round: the timestamps of its message's way
         #: (:data:`fedlightning.flower_app.transport.Timing`; ``benchmarks/flower_overhead.py``)
         self.round_timings: list[dict[str, float]] = []
+        self.on_client_done: ClientDone | None = None
+        self._reported: set[int] = set()  # the clients reported done in the current round
 
     def use_grid(self, grid: Any) -> None:
         """Fit on ``grid`` (a Flower ``Grid``), that of the ServerApp this loop runs in: called on
@@ -184,6 +186,12 @@ class FlowerBackend(Backend):
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
         _flwr()
 
+    @property
+    def individual_uploads(self) -> bool:
+        """Under secure aggregation, the uploads a round returns are stand-ins that carry only
+        the secure sum (:mod:`fedlightning.flower_app.secure`): no attack can replace one."""
+        return self.secure is None
+
     def check_aggregator(self, aggregator: Aggregator) -> None:
         """Under secure aggregation, refuse an aggregator that needs individual uploads."""
         if self.secure is not None:
@@ -198,7 +206,7 @@ class FlowerBackend(Backend):
     ) -> None:  # fmt: skip
         """Reach the SuperLink and wait for SuperNodes serving every client. The nodes resolve
         their own compute from ``config`` (each once); ``on_client_done`` is called for a node's
-        clients when its reply arrives (a node fits its clients of a round in one message)."""
+        clients as its reply arrives (a node fits its clients of a round in one message)."""
         _flwr()
         self.on_client_done = on_client_done
         self.config, self.num_clients = config, datamodule.num_clients
@@ -267,16 +275,23 @@ class FlowerBackend(Backend):
                 )
                 continue
             batches.setdefault(nodes[job.client_id % len(nodes)], []).append(job)
+        self._reported = set()
         if self.secure is not None:
             results.update(secure_round(self, round_index, batches))
         elif batches:
             results.update(plain_round(self, round_index, batches))
-        for cid in results if self.on_client_done is not None else ():
-            self.on_client_done(cid)  # the nodes' replies arrive together
+        self.report_done(results)  # those no reply reported: lost, or under SecAgg+
         # the global RNG as a sequential round leaves it: seeded for the last client's fit
         if jobs:
             seed_fit(derive_seed(self.config.seed, "fit", round_index, jobs[-1].client_id))
         return {job.client_id: results[job.client_id] for job in jobs}
+
+    def report_done(self, client_ids: Iterable[int]) -> None:
+        """Tell ``on_client_done`` about each of ``client_ids`` not yet reported this round."""
+        for cid in client_ids:
+            if cid not in self._reported and self.on_client_done is not None:
+                self.on_client_done(cid)
+            self._reported.add(cid)
 
     def stop(self) -> None:
         if self.transport is not None and hasattr(self.transport, "close"):

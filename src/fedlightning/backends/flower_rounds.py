@@ -28,13 +28,18 @@ class RemoteClientError(RuntimeError):
 def plain_round(
     backend: FlowerBackend, round_index: int, batches: dict[int, list[ClientJob]]
 ) -> RoundResults:
-    """Each node's jobs as one message, its clients' uploads from its one reply."""
+    """Each node's jobs as one message, its clients' uploads from its one reply; a node's clients
+    are reported done as its reply arrives (a node fits its clients in one message, so that is
+    the finest step the round's progress can take)."""
     from fedlightning.flower_app.records import jobs_blob, missing, read_results, result_of
 
     requests = [
         (node, jobs_blob(batch, backend.config, backend.spec)) for node, batch in batches.items()
     ]
-    replies = backend.transport.exchange("train", str(round_index), requests, backend.round_timeout)
+    replies = backend.transport.exchange(
+        "train", str(round_index), requests, backend.round_timeout,
+        lambda node: backend.report_done(j.client_id for j in batches.get(node, ())),
+    )  # fmt: skip
     backend.round_timings = [timing for reply, timing in replies if not isinstance(reply, str)]
     results: RoundResults = {}
     for (node, batch), (reply, _) in zip(batches.items(), replies, strict=True):

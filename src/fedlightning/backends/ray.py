@@ -68,6 +68,18 @@ def _quiet_default_token_auth():
         logger.removeFilter(note)
 
 
+def init_ray(address: str | None) -> bool:
+    """Start or join Ray at ``address`` (``None``: a local instance) unless this process is
+    connected already, quietly (no dashboard, no worker logs, SIGTERM still ours); whether it
+    started a connection, which its caller then shuts down."""
+    ray = _ray()
+    if ray.is_initialized():
+        return False
+    with _quiet_default_token_auth(), keep_sigterm_handler():  # ray.init sets its own
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    return True
+
+
 #: how often Ray restarts an actor whose process died (-1: always; every job's retries are bounded)
 _MAX_RESTARTS = -1
 #: how often a job sent to a restarting actor is sent again, and the wait before each try
@@ -163,10 +175,7 @@ class RayBackend(Backend):
         self.on_client_done = on_client_done
         ray = _ray()
         # a Ray instance this backend starts is shut down by stop(); one the user started stays
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
-            with _quiet_default_token_auth(), keep_sigterm_handler():  # ray.init sets its own
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+        self._owns_ray = init_ray(self.address)
         resources = ray.cluster_resources()
         self._check_resources(ray, resources)
         count = self.num_workers

@@ -1,20 +1,17 @@
 """Client objectives: one LightningModule per local training rule; any of them trains
 heterogeneous clients with the ``networks`` option."""
 
-from fedlightning.clients.base import ClientModule
-from fedlightning.clients.fednova import FedNovaClient
-from fedlightning.clients.fedprox import FedProx
-from fedlightning.clients.moon import MOON
-from fedlightning.clients.mutual import FML
-from fedlightning.clients.scaffold import ScaffoldClient
-from fedlightning.clients.worker_momentum import WorkerMomentum
+from fedlightning.lazy import lazy_exports
 
-__all__ = [
-    "ClientModule",
-    "FML",
-    "FedNovaClient",
-    "FedProx",
-    "MOON",
-    "ScaffoldClient",
-    "WorkerMomentum",
-]
+#: public name -> its module, imported on first use (fedlightning.lazy: no Lightning before)
+EXPORTS = {
+    "ClientModule": "fedlightning.clients.base",
+    "FML": "fedlightning.clients.mutual",
+    "FedNovaClient": "fedlightning.clients.fednova",
+    "FedProx": "fedlightning.clients.fedprox",
+    "MOON": "fedlightning.clients.moon",
+    "ScaffoldClient": "fedlightning.clients.scaffold",
+    "WorkerMomentum": "fedlightning.clients.worker_momentum",
+}
+__all__ = list(EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -8,11 +8,18 @@ module, and :meth:`ClientModule.end_client` returns the upload and the new persi
 same ``local_loss`` drives every backend (:mod:`fedlightning.fit`); the cohort backend stacks the
 attributes per client with nothing declared (:mod:`fedlightning.backends.cohort_context`). Any
 objective trains heterogeneous clients by the ``networks`` option, with no subclass.
+
+Who owns what (docs/algorithms.md section 6.1): the objective owns the network it is training
+(``network``, one group's at a time) and its round context; the client groups own every
+architecture's network (:class:`~fedlightning.clients.groups.ClientGroups`); the cohort backend
+owns each client's captured view; the scoring path owns the networks it scores
+(:class:`~fedlightning.scoring.ScoringNetworks`), told how by :mod:`fedlightning.clients.
+evaluation_hooks`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import lightning.pytorch as pl
@@ -21,7 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.clients.batch_metrics import BatchMetrics
-from fedlightning.clients.groups import assign_groups, check_nested
+from fedlightning.clients.evaluation_hooks import EvaluationHooks
+from fedlightning.clients.groups import ClientGroups
 from fedlightning.clients.per_client import VECTORIZED_FLAG, per_client_input
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.models import create_model
@@ -29,10 +37,9 @@ from fedlightning.protocol import ClientKeys, Payload, StateDict
 
 if TYPE_CHECKING:
     from fedlightning.data.datamodule import FederatedDataModule
-    from fedlightning.state import ClientStore
 
 
-class ClientModule(pl.LightningModule):
+class ClientModule(EvaluationHooks, pl.LightningModule):
     """Trains one client's copy of ``network`` for one round: ``loss = CE(f(x), y)``.
 
     The same module instance serves every client in turn: :meth:`begin_client` loads the server's
@@ -44,8 +51,13 @@ class ClientModule(pl.LightningModule):
     (e.g. ``resnet10 .. resnet26``); they are ordered by parameter count, smallest first, and the
     clients split into that many equal, contiguous groups
     (:func:`~fedlightning.clients.groups.assign_groups`). The largest architecture is the server
-    model. A payload's key set selects the group whose network becomes ``self.network``, so an
-    objective's own code sees exactly the client's architecture.
+    model. Every group's network is built once and owned by :attr:`client_groups`; a payload's
+    key set selects the group whose network becomes ``self.network``, so an objective's own code
+    sees exactly the client's architecture.
+
+    Evaluation never runs this module: it scores copies of :attr:`client_groups`' networks in
+    eval mode (docs/algorithms.md section 6.1; the hooks: :class:`~fedlightning.clients.
+    evaluation_hooks.EvaluationHooks`).
 
     Args:
         network: a registered model name (see ``fedlightning.models.list_models()``) or any
@@ -80,11 +92,10 @@ class ClientModule(pl.LightningModule):
     #: client the tensors and frozen modules of every other attribute (besides those of a bare
     #: LightningModule). The round's inputs (properties ``client_id``, ``payload``, ``state``:
     #: ``local_loss`` must not read them under the cohort, copy what it needs in
-    #: :meth:`begin_client`), the tracked metrics, the client groups, the constructor's settings,
-    #: ``save_hyperparameters``' record and the cohort's flag.
+    #: :meth:`begin_client`), the tracked metrics, the client groups and the active one, the
+    #: constructor's settings, ``save_hyperparameters``' record and the cohort's flag.
     bookkeeping_attributes: ClassVar[frozenset[str]] = frozenset({
-        "_client_id", "_payload", "_state", "_batch_metrics",
-        "_nets", "groups", "group_index", "_by_keys",
+        "_client_id", "_payload", "_state", "_batch_metrics", "client_groups", "group_index",
         "num_classes", "optimizer_name", "lr", "momentum", "weight_decay",
         "_hparams", "_hparams_initial", "_hparams_name", VECTORIZED_FLAG,
     })  # fmt: skip
@@ -134,23 +145,16 @@ class ClientModule(pl.LightningModule):
         self._batch_metrics = BatchMetrics()
         if networks is None:
             built = network if isinstance(network, nn.Module) else self.create_network(network)
-            self.network = self.wrap_network(built)
-            self.groups: list[str] = []
-            self._nets: list[nn.Module] = [self.network]
-            self.group_index = 0
+            name = network if isinstance(network, str) else None
+            #: every architecture's network (one without client groups): docs/algorithms.md 6.1
+            self.client_groups = ClientGroups([name], [self.wrap_network(built)], grouped=False)
         else:
-            self._setup_groups(list(networks))
-
-    def _setup_groups(self, networks: list[str]) -> None:
-        built = {name: self.wrap_network(self.create_network(name)) for name in networks}
-        sizes = {name: sum(p.numel() for p in net.parameters()) for name, net in built.items()}
-        self.groups = sorted(networks, key=lambda n: (sizes[n], networks.index(n)))
-        # a plain list, not submodules: only the active network is registered (as self.network)
-        self._nets = [built[n] for n in self.groups]
-        states = [net.state_dict() for net in self._nets]
-        self.group_index = check_nested(self.groups, states)  # the server model's group
-        self._by_keys = {frozenset(s): g for g, s in enumerate(states)}
-        self.network = self._nets[self.group_index]
+            self.client_groups = ClientGroups.build(
+                list(networks), lambda name: self.wrap_network(self.create_network(name))
+            )
+        #: the group whose network :attr:`network` is (the server model's at construction)
+        self.group_index = self.client_groups.server_index
+        self.network = self.client_groups.networks[self.group_index]
 
     def create_network(self, name: str) -> nn.Module:
         """The registered model ``name`` built for this module's input/output shape."""
@@ -206,25 +210,25 @@ class ClientModule(pl.LightningModule):
         self._batch_metrics.record(name, value)
 
     @property
+    def groups(self) -> list[str]:
+        """The client groups' architecture names, smallest first (empty for homogeneous clients)."""
+        return self.client_groups.names
+
+    @property
     def group(self) -> str | None:
         """The active group's architecture name (``None`` for homogeneous clients)."""
         return self.groups[self.group_index] if self.groups else None
 
     def load_network_state(self, weights: StateDict) -> None:
         """Copy ``weights`` into the network; with client groups, first activate the group whose
-        architecture has exactly ``weights``' keys."""
-        if self.groups:
-            index = self._by_keys.get(frozenset(weights))
-            if index is None:
-                raise ValueError(
-                    f"no client group's architecture ({', '.join(self.groups)}) has exactly these "
-                    f"{len(weights)} keys"
-                )
-            if index != self.group_index:
-                device = next(self.network.parameters()).device
-                self.group_index = index
-                self.network = self._nets[index].to(device)
-                self.on_group_change()
+        architecture has exactly ``weights``' keys (:meth:`ClientGroups.activate
+        <fedlightning.clients.groups.ClientGroups.activate>`: on this network's device, dtype and
+        mode)."""
+        index = self.client_groups.index_of(weights)
+        if index != self.group_index:
+            self.network = self.client_groups.activate(index, self.network)
+            self.group_index = index
+            self.on_group_change()
         self.network.load_state_dict(weights)
 
     def on_group_change(self) -> None:
@@ -234,21 +238,13 @@ class ClientModule(pl.LightningModule):
     def client_key_sets(self, num_clients: int) -> list[ClientKeys] | None:
         """Each client's architecture group and state_dict keys (``None``: every client trains the
         whole ``network``), passed to the aggregator's ``setup``."""
-        if len(self.groups) < 2:
-            return None
-        keys = [frozenset(net.state_dict()) for net in self._nets]
-        return [
-            ClientKeys(self.groups[g], keys[g])
-            for g in assign_groups(num_clients, len(self.groups))
-        ]
+        return self.client_groups.client_key_sets(num_clients)
 
     def server_parameter_names(self) -> frozenset[str]:
         """The state_dict keys of the server model (the largest group's network with
         ``networks``) that are trainable parameters, passed to the aggregator's ``setup``: what a
         server update steps; every other entry is a buffer (BatchNorm statistics, counters)."""
-        server = max(self._nets, key=lambda net: len(net.state_dict()))
-        named = server.named_parameters(remove_duplicate=False)  # tied weights: every name
-        return frozenset(name for name, p in named if p.requires_grad)
+        return self.client_groups.server_parameter_names()
 
     @classmethod
     def check_precision(cls, precision: str) -> None:
@@ -268,29 +264,6 @@ class ClientModule(pl.LightningModule):
         """Called once by the loop (and by a Flower node) with the set-up data module, before any
         fit: objectives that derive per-client settings from the data (FML's label spaces for its
         adaptor heads) override it. The default does nothing."""
-
-    def prepare_evaluation(self, store: ClientStore) -> None:
-        """Called at the start of every evaluation, before the deployable models are scored, with
-        every client's persistent state (FML assembles its clients' adaptor heads). The default
-        does nothing."""
-
-    def evaluate_clients(
-        self,
-        client_ids: Sequence[int],
-        store: ClientStore,
-        val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
-        device: torch.device,
-    ) -> dict[str, float]:
-        """Extra metrics over the round's participating clients, called by the loop after its
-        standard evaluation (e.g. FML's personal models on their own validation splits).
-
-        Args:
-            client_ids: the clients whose upload was aggregated this round.
-            store: the ClientStore holding every client's persistent state.
-            val_dataloader: ``val_dataloader(client_id)`` gives that client's validation batches.
-            device: where the loop evaluates.
-        """
-        return {}
 
     # -- training -------------------------------------------------------------------------------
     def local_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:

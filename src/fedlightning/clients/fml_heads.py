@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.models import create_model
+from fedlightning.protocol import StateDict
 
 if TYPE_CHECKING:
     from fedlightning.data.datamodule import FederatedDataModule
@@ -81,11 +81,30 @@ def masked_hits(logits: Tensor, y: Tensor, mask: Tensor) -> int:
     return int((mask_logits(logits.float(), mask).argmax(dim=1) == y).sum())
 
 
+class HeadedBackbone(nn.Module):
+    """``logits = head(backbone(x))``: a backbone with ``features`` outputs and a linear head, the
+    module evaluation scores for FML with adaptor heads (the assembled head, or one client's)."""
+
+    def __init__(self, backbone: nn.Module, features: int, num_classes: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(features, num_classes)
+
+    @staticmethod
+    def state(backbone: StateDict, head: StateDict) -> StateDict:
+        """The module's state_dict from the backbone's and the head's."""
+        named = {f"backbone.{k}": v for k, v in backbone.items()}
+        return {**named, **{f"head.{k}": v for k, v in head.items()}}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.backbone(x))
+
+
 class AdaptorHeads:
     """FML's adaptor-head side (mixed into :class:`~fedlightning.clients.FML`, which sets
     ``adaptor_features``, ``head``, ``label_mask``, ``label_spaces`` and ``label_counts``): the
     backbone's construction, each client's head and mask at the start of its round, the masked
-    meme logits of a fit, and the assembled head that evaluation uses."""
+    meme logits of a fit, and the assembled head that evaluation scores with."""
 
     def create_network(self, name: str) -> nn.Module:
         """The meme network; with ``adaptor_features`` a backbone with that many outputs."""
@@ -128,20 +147,26 @@ class AdaptorHeads:
             return self.network(x)
         return mask_logits(self.head(self.network(x)), self.label_mask)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Outside fits (evaluation), with adaptor heads: the backbone with the clients' heads
-        assembled into one (:meth:`prepare_evaluation`)."""
+    def scoring_network(self, network: nn.Module) -> nn.Module:
+        """With adaptor heads: the backbone followed by a head, which evaluation loads with the
+        clients' heads assembled into one (:meth:`scoring_state`)."""
         if self.adaptor_features is None:
-            return self.network(x)
+            return network
+        return HeadedBackbone(network, self.adaptor_features, self.num_classes)
+
+    def scoring_state(self, weights: StateDict) -> StateDict:
+        """With adaptor heads: the backbone's ``weights`` and the assembled head of
+        :meth:`prepare_evaluation`, as :class:`HeadedBackbone` names them."""
+        if self.adaptor_features is None:
+            return weights
         if self._eval_head is None:
             raise RuntimeError("FML adaptor heads: no client has a head yet to evaluate with")
         weight, bias = self._eval_head
-        features = self.network(x)
-        return F.linear(features, weight.to(features), bias.to(features))
+        return HeadedBackbone.state(weights, {"weight": weight, "bias": bias})
 
     def prepare_evaluation(self, store: ClientStore) -> None:
         """With adaptor heads: assemble every client's head into the evaluation head of
-        :meth:`forward` (:func:`~fedlightning.clients.fml_heads.assemble_head`)."""
+        :meth:`scoring_state` (:func:`~fedlightning.clients.fml_heads.assemble_head`)."""
         if self.adaptor_features is None or self.label_spaces is None:
             return
         heads = []

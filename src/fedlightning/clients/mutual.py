@@ -4,7 +4,6 @@ deep mutual learning between a private model and the shared meme model)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -12,12 +11,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
-from fedlightning.clients.fml_heads import AdaptorHeads, mask_logits, masked_hits
+from fedlightning.clients.fml_evaluation import PersonalEvaluation
+from fedlightning.clients.fml_heads import AdaptorHeads, mask_logits
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.metrics import accuracy_distribution
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
-from fedlightning.state import ClientStore
 
 
 def dml_losses(
@@ -48,7 +46,7 @@ def dml_losses(
     return mixed(out_meme, out_local, beta), mixed(out_local, out_meme, alpha)
 
 
-class FML(AdaptorHeads, ClientModule):
+class FML(PersonalEvaluation, AdaptorHeads, ClientModule):
     """Federated mutual learning (docs/algorithms.md 1.6): on every batch the meme model (the
     dispatched global model, ``network``) and the client's personal model see the same ``x``; the
     local objective is ``loss_meme + loss_local`` (:func:`dml_losses`, each partner detached), so
@@ -65,7 +63,8 @@ class FML(AdaptorHeads, ClientModule):
 
     :meth:`evaluate_clients` reports ``personal_acc``: each participating client's personal model
     on its own validation split, averaged over those clients (unweighted, like ``val_acc``), and
-    ``personal_acc_all``: the same over every client that holds a personal model.
+    ``personal_acc_all``: the same over every client that holds a personal model
+    (:mod:`fedlightning.clients.fml_evaluation`).
 
     With ``alpha = 1`` the personal model's loss is its own CE only (the meme's output enters
     neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
@@ -232,71 +231,6 @@ class FML(AdaptorHeads, ClientModule):
                 k: v.detach().to("cpu", copy=True) for k, v in self.head.state_dict().items()
             }
         return weights, extras, new
-
-    # -- evaluation -----------------------------------------------------------------------------
-    def evaluate_clients(
-        self,
-        client_ids: Sequence[int],
-        store: ClientStore,
-        val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
-        device: torch.device,
-    ) -> dict[str, float]:
-        """Personal models on their own clients' validation splits (clients without validation
-        samples left out):
-
-        * ``personal_acc``: the mean over this round's ``client_ids``;
-        * with adaptor heads, predictions are restricted to each client's label space, and
-          ``adaptor_acc`` (``adaptor_acc_all``...) scores each client's meme model, the global
-          backbone with the client's own head, the same way;
-        * ``personal_acc_all`` (with ``_weighted``, ``_std``, ``_min``, ``_worst10``: the
-          distribution of :mod:`fedlightning.metrics`): every client that holds a
-          personal model, i.e. every client that has trained at least once, sampled this round or
-          not (``personal_clients`` counts them).
-        """
-        dtype = next(self.network.parameters()).dtype
-        everyone = [cid for cid in store.client_ids() if "personal" in store.get(cid)]
-        heads = self.adaptor_features is not None
-        hits: dict[int, tuple[int, int]] = {}
-        adaptor: dict[int, tuple[int, int]] = {}
-        with torch.no_grad():
-            for cid in everyone:
-                state = store.get(cid)
-                self._use_personal(cid)
-                model = self.personal.to(device, dtype).eval()
-                model.load_state_dict(state["personal"])
-                if heads:
-                    self.head.load_state_dict(state["head"])
-                    mask = self.label_spaces[cid]  # type: ignore[index]
-                personal, meme, count = 0, 0, 0
-                for x, y in val_dataloader(cid):
-                    x, y = x.to(device, dtype), y.to(device)
-                    if heads:  # predictions within the client's own label space
-                        personal += masked_hits(model(x), y, mask)
-                        meme += masked_hits(self.head(self.network(x)), y, mask)
-                    else:
-                        personal += int((model(x).argmax(dim=1) == y).sum())
-                    count += len(y)
-                hits[cid], adaptor[cid] = (personal, count), (meme, count)
-        self.personal.train()
-        results = _accuracies(hits, client_ids, everyone, "personal_acc")
-        if heads:
-            results.update(_accuracies(adaptor, client_ids, everyone, "adaptor_acc"))
-        if everyone:
-            results["personal_clients"] = float(len(everyone))
-        return results
-
-
-def _accuracies(
-    hits: dict[int, tuple[int, int]], sampled: Sequence[int], everyone: list[int], name: str
-) -> dict[str, float]:
-    """``name``: the mean accuracy over the ``sampled`` clients; ``name_all`` with its
-    distribution (:mod:`fedlightning.metrics`) over ``everyone``."""
-    values = [hits[c][0] / hits[c][1] for c in sampled if c in hits and hits[c][1]]
-    results = {name: sum(values) / len(values)} if values else {}
-    if everyone:
-        counts = torch.tensor([hits[c] for c in everyone], dtype=torch.float64)
-        results.update(accuracy_distribution(counts[:, 0], counts[:, 1], f"{name}_all"))
-    return results
 
 
 def _copy(value: Any, device: str | torch.device | None = None) -> Any:

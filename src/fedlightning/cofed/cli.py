@@ -24,7 +24,13 @@ from fedlightning.loop.rundir import (
     storage_error,
     write_marked,
 )
-from fedlightning.signals import StopSignal, signal_number, stop_on_signals, stopped_by
+from fedlightning.signals import (
+    StopSignal,
+    finished,
+    signal_number,
+    stop_on_signals,
+    stopped_by,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -61,7 +67,9 @@ def main(args: list[str]) -> CoFEDResult:
             write_marked(
                 pipeline.run_dir / "config.yaml", parser.dump(config), "cofed: the resolved config"
             )
-            return pipeline.run()
+            result = pipeline.run()
+            finished()  # its report is complete: a signal from now on changes nothing
+            return result
         except OSError as error:
             raise storage_error(error, pipeline.run_dir, "write the run's files") from None
         except (KeyboardInterrupt, StopSignal) as stop:

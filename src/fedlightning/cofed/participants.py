@@ -30,6 +30,7 @@ from fedlightning.cofed.recipe import Recipe
 from fedlightning.compute import PRECISIONS
 from fedlightning.data.loader import TensorBatches
 from fedlightning.errors import ConfigurationError, require
+from fedlightning.loop.checks import check_accelerator
 from fedlightning.models.registry import create_model, list_models, model_builder
 from fedlightning.seeding import derive_seed, seed_fit
 from fedlightning.training import lean_trainer
@@ -140,6 +141,7 @@ class TorchParticipants(Participants):
         patience: int = 10,
         val_fraction: float = 0.2,
     ) -> None:
+        check_accelerator(accelerator, "participants.accelerator")  # as fit checks its own
         self.lr_factors = list(DEFAULT_FACTORS) if lr_factors is None else list(lr_factors)
         check_search(self.lr_factors, patience, val_fraction)
         self.lr_search = lr_search

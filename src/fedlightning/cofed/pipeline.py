@@ -16,10 +16,12 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fedlightning.analysis.cofed_plot import plot_relative_accuracy
 from fedlightning.cofed.participants import Participant, Participants, TorchParticipants
 from fedlightning.cofed.tasks import CoFEDData, LabelSpaceTasks, Tasks
 from fedlightning.cofed.voting import vote
 from fedlightning.errors import require
+from fedlightning.loop.checks import check_seed
 from fedlightning.seeding import derive_seed
 from fedlightning.training import cpu_compute, quiet_lightning
 
@@ -83,6 +85,7 @@ class CoFED:
         num_threads: int | None = None,
         onednn: bool = False,
     ) -> None:
+        check_seed(seed, "seed")  # as fit checks loop.seed
         require(0.0 <= alpha <= 1.0, "alpha", alpha, "a number in [0, 1]")
         require(0.0 <= margin <= 1.0, "margin", margin, "a number in [0, 1]")
         require(
@@ -144,7 +147,8 @@ class CoFED:
         self.console.print(
             f"[bold]CoFED[/]: {n} participants, mean local acc {result.summary['mean_local_acc']:.4f}, "
             f"mean CoFED acc {result.summary['mean_cofed_acc']:.4f}, mean relative acc "
-            f"{result.summary['mean_relative_acc']:.4f}; run directory {self.run_dir}"
+            f"{result.summary['mean_relative_acc']:.4f}; run directory {self.run_dir}",
+            soft_wrap=True,  # one line however narrow the terminal (or 80 columns off one)
         )
         return result
 
@@ -240,6 +244,17 @@ class CoFED:
         self._write(data, models, rows, counts, summary)
         return CoFEDResult(rows, counts, summary)
 
+    def _title(self, count: int) -> str:
+        """The figure's title: ``CoFED · digits, non-IID label spaces, 10 participants`` (the
+        data set and how label spaces are drawn, where the tasks say)."""
+        distribution = getattr(self.tasks, "distribution", None)
+        parts = [
+            getattr(self.tasks, "dataset", None),
+            {"iid": "IID label spaces", "noniid": "non-IID label spaces"}.get(distribution),
+            f"{count} participants",
+        ]
+        return "CoFED · " + ", ".join(p for p in parts if p)
+
     def _write(
         self,
         data: CoFEDData,
@@ -267,7 +282,9 @@ class CoFED:
         (run / "summary.json").write_text(
             json.dumps({**summary, "class_names": list(data.class_names)}, indent=2) + "\n"
         )
-        plot_relative_accuracy([r["relative_acc"] for r in rows], run / "relative_accuracy.png")
+        plot_relative_accuracy(
+            [r["relative_acc"] for r in rows], run / "relative_accuracy.png", self._title(len(rows))
+        )
         searched = [c.row(i) for i, m in enumerate(models) for c in m.search_log]
         if searched:
             with open(run / "lr_search.csv", "w", newline="") as handle:
@@ -284,23 +301,3 @@ def _write_table(path: Path, table: np.ndarray, columns: list[str]) -> None:
     lines = ["participant," + ",".join(columns)]
     lines += [f"{i}," + ",".join(str(int(v)) for v in row) for i, row in enumerate(table)]
     path.write_text("\n".join(lines) + "\n")
-
-
-def plot_relative_accuracy(relative: list[float], path: Path, title: str | None = None) -> None:
-    """Bars of each participant's CoFED / local accuracy, a dashed line at 1 (no gain) and a solid
-    line at the mean (the shape of the paper's Figure 2). Drawn with matplotlib's Agg canvas."""
-    from matplotlib.figure import Figure
-
-    values = np.asarray(relative, dtype=np.float64)
-    mean = float(np.nanmean(values))
-    fig = Figure(figsize=(max(6.0, 0.12 * len(values)), 3.5), layout="constrained")
-    ax = fig.add_subplot()
-    colours = np.where(values >= 1, "tab:blue", "tab:red")
-    ax.bar(np.arange(len(values)), values, color=colours, width=0.8)
-    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.axhline(mean, color="tab:green", linewidth=1.5, label=f"mean {mean:.3f}")
-    ax.set_xlabel("participant")
-    ax.set_ylabel("relative accuracy (CoFED / local)")
-    ax.set_title(title or f"CoFED relative test accuracy, {len(values)} participants")
-    ax.legend(loc="lower right")
-    fig.savefig(path, dpi=120)

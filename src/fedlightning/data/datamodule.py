@@ -18,7 +18,7 @@ from fedlightning.data.loader import TensorBatches
 from fedlightning.data.ragged import Ragged
 from fedlightning.data.sources import SOURCES, DataSplit, load_source
 from fedlightning.data.val_split import holdout, proportional_split
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, unknown_name
 from fedlightning.seeding import derive_seed
 
 
@@ -113,9 +113,7 @@ class FederatedDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if dataset not in SOURCES:
-            raise ConfigurationError(
-                f"unknown data set {dataset!r}: choose one of {', '.join(SOURCES)}"
-            )
+            raise unknown_name("data set", dataset, SOURCES)
         if partition not in (*P.PARTITIONS, *FLOWER_PARTITIONERS):
             raise ConfigurationError(
                 f"unknown partition {partition!r}: choose one of "

@@ -42,12 +42,23 @@ class TensorBatches:
         n = len(self.y)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def _order(self) -> torch.Tensor | None:
+        """The next pass's row order (``None``: unshuffled), one draw from the generator."""
+        if not self.shuffle:
+            return None
+        return torch.randperm(len(self.y), generator=self._generator)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        n = len(self.y)
-        if self.shuffle:
-            order = torch.randperm(n, generator=self._generator)
-            x, y = self.x[order], self.y[order]
-        else:
-            x, y = self.x, self.y
+        order = self._order()
+        x, y = (self.x, self.y) if order is None else (self.x[order], self.y[order])
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             yield x[start : start + self.batch_size], y[start : start + self.batch_size]
+
+    def batch_rows(self) -> list[torch.Tensor]:
+        """The row indices into ``(x, y)`` of each batch of the next pass: the batches iterating
+        would yield, with the same draw from the generator (the cohort backend indexes a whole
+        round's batches on the device from these)."""
+        order = self._order()
+        order = torch.arange(len(self.y)) if order is None else order
+        stops = range(0, len(self) * self.batch_size, self.batch_size)
+        return [order[start : start + self.batch_size] for start in stops]

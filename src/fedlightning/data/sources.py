@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from fedlightning.data.validation import finite_inputs, integer_labels, labels_in_range
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, unknown_name
 
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
 SOURCES = (
@@ -86,7 +86,7 @@ def load_source(
         from fedlightning.data.hf_source import load_huggingface
 
         return load_huggingface(root, source_options)
-    raise ConfigurationError(f"unknown data set {name!r}: choose one of {', '.join(SOURCES)}")
+    raise unknown_name("data set", name, SOURCES)
 
 
 def load_digits() -> DataSplit:

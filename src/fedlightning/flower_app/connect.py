@@ -14,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
@@ -32,17 +33,26 @@ class RelayTransport:
         self.timeout = timeout
 
     def _call(
-        self, name: str, blobs: Sequence[bytes] = (), *, wait: float, **args: Any
-    ) -> tuple[Any, list[bytes]]:
+        self, name: str, blobs: Sequence[bytes] = (), *, wait: float,
+        on_progress: Callable[[int], None] | None = None, **args: Any,
+    ) -> tuple[Any, list[bytes]]:  # fmt: skip
         """Send the call ``name`` with ``args`` and ``blobs``; its answer, waited for up to
-        ``wait`` (plus this transport's own timeout) seconds."""
+        ``wait`` (plus this transport's own timeout) seconds. Progress frames before it (a node
+        replied) go to ``on_progress(node)``."""
+        deadline = time.monotonic() + wait + self.timeout
         try:
             send_frame(self.connection, {"call": name, **args}, list(blobs))
-            if not self.connection.poll(wait + self.timeout):
-                raise WorkerLost(
-                    f"the relay ServerApp did not answer {name} within {wait + self.timeout:g} s"
-                )
-            header, out = recv_frame(self.connection)
+            while True:
+                if not self.connection.poll(max(0.0, deadline - time.monotonic())):
+                    raise WorkerLost(
+                        f"the relay ServerApp did not answer {name} within "
+                        f"{wait + self.timeout:g} s"
+                    )
+                header, out = recv_frame(self.connection)
+                if header.get("status") != "progress":
+                    break
+                if on_progress is not None:
+                    on_progress(int(header["node"]))
         except (EOFError, OSError) as error:
             raise WorkerLost(
                 f"the relay ServerApp on the SuperLink went away ({error!r})"
@@ -68,11 +78,12 @@ class RelayTransport:
 
     def exchange(
         self, message_type: str, group_id: str, requests: Sequence[tuple[int, bytes]],
-        timeout: float,
+        timeout: float, on_reply: Callable[[int], None] | None = None,
     ) -> list[tuple[bytes | str, dict[str, float]]]:  # fmt: skip
         value, blobs = self._call(
-            "exchange", [blob for _, blob in requests], wait=timeout, timeout=timeout,
-            message_type=message_type, group_id=group_id, nodes=[n for n, _ in requests],
+            "exchange", [blob for _, blob in requests], wait=timeout, on_progress=on_reply,
+            timeout=timeout, message_type=message_type, group_id=group_id,
+            nodes=[n for n, _ in requests],
         )  # fmt: skip
         replies, out = iter(blobs), []
         for item in value:

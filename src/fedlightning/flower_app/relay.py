@@ -5,7 +5,8 @@ The backend starts this ServerApp on the SuperLink with ``flwr run`` (Flower's p
 ``Grid``) and listens on ``relay-address`` (run config); the ServerApp connects back with the
 one-run ``relay-key`` (``multiprocessing.connection``: authenticated, HMAC challenge) and runs the
 :class:`~fedlightning.flower_app.transport.GridTransport` calls the backend asks for, until the
-backend says ``stop`` or goes away. Calls and answers are frames
+backend says ``stop`` or goes away. While an ``exchange`` waits, a ``progress`` frame names each
+node as its reply arrives (the backend counts that node's clients done). Calls and answers are frames
 (:mod:`fedlightning.flower_app.envelope`: a JSON header and the blobs, never pickles; :func:`answer`
 says which). It holds no model and makes no decisions. The relay app carries a copy of this
 module and of the lean modules it imports, as top-level modules
@@ -16,6 +17,7 @@ module and of the lean modules it imports, as top-level modules
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Client
 
 from flwr.app import Context
@@ -32,12 +34,16 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def answer(transport: GridTransport, call: dict, blobs: list[bytes]) -> tuple[dict, list[bytes]]:
+def answer(
+    transport: GridTransport, call: dict, blobs: list[bytes],
+    progress: Callable[[int], None] | None = None,
+) -> tuple[dict, list[bytes]]:  # fmt: skip
     """The answer frame to a call frame: ``node_ids``; ``served`` (``node_ids``,
     ``num_clients``, ``timeout``); ``exchange`` (``message_type``, ``group_id``, ``nodes``,
     ``timeout``, one blob per node: per node ``{"error"}`` or ``{"timing"}``, the replies' blobs
-    in order); ``secure_exchange`` (``group_id``, ``nodes``, ``options``, ``timeout``, one blob per
-    node: ``contributors``, ``failures``, ``nodes`` whose plain parts follow the aggregate)."""
+    in order; ``progress(node)`` as each node's reply arrives); ``secure_exchange``
+    (``group_id``, ``nodes``, ``options``, ``timeout``, one blob per node: ``contributors``,
+    ``failures``, ``nodes`` whose plain parts follow the aggregate)."""
     name = call["call"]
     if name == "node_ids":
         return {"value": transport.node_ids()}, []
@@ -47,7 +53,7 @@ def answer(transport: GridTransport, call: dict, blobs: list[bytes]) -> tuple[di
     requests = list(zip(call["nodes"], blobs, strict=True))
     if name == "exchange":
         replies = transport.exchange(
-            call["message_type"], call["group_id"], requests, call["timeout"]
+            call["message_type"], call["group_id"], requests, call["timeout"], progress
         )
         header = [
             {"error": r} if isinstance(r, str) else {"timing": timing} for r, timing in replies
@@ -73,6 +79,10 @@ def main(grid: Grid, context: Context) -> None:
         _address(str(config["relay-address"])), authkey=bytes.fromhex(str(config["relay-key"]))
     )
     transport = GridTransport(grid)
+
+    def progress(node: int) -> None:  # a frame before the answer, as each node replies
+        send_frame(connection, {"status": "progress", "node": node})
+
     with connection:
         while True:
             try:
@@ -82,7 +92,7 @@ def main(grid: Grid, context: Context) -> None:
             if call.get("call") == "stop":
                 return
             try:
-                header, out = answer(transport, call, blobs)
+                header, out = answer(transport, call, blobs, progress)
                 send_frame(connection, {"status": "ok", **header}, out)
             except Exception:  # noqa: BLE001  (reported to the backend, which raises it)
                 send_frame(connection, {"status": "error", "traceback": traceback.format_exc()})

@@ -13,7 +13,7 @@ under Flower's SecAgg+ (:mod:`fedlightning.flower_app.secure_grid`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
@@ -65,16 +65,19 @@ class GridTransport:
         group_id: str,
         requests: Sequence[tuple[int, bytes]],
         timeout: float,
+        on_reply: Callable[[int], None] | None = None,
     ) -> list[tuple[Reply, Timing]]:
         """Send each ``(node_id, blob)``; per request, the reply's blob or the reason there is
-        none (the node's error, or no reply within ``timeout`` seconds), and its timing."""
+        none (the node's error, or no reply within ``timeout`` seconds), and its timing.
+        ``on_reply(node_id)`` is called as each node's reply arrives (the round's progress)."""
         messages = [
             Message(wrap(blob), dst_node_id=node, message_type=message_type, group_id=group_id)
             for node, blob in requests
         ]
+        arrived = None if on_reply is None else (lambda i: on_reply(requests[i][0]))
         out: list[tuple[Reply, Timing]] = []
         for (node, _), (reply, timing) in zip(
-            requests, self.send_and_pull(messages, timeout), strict=True
+            requests, self.send_and_pull(messages, timeout, arrived), strict=True
         ):
             if reply is None:
                 out.append((f"node {node} did not reply within {timeout:g} s", timing))
@@ -86,10 +89,14 @@ class GridTransport:
         return out
 
     def send_and_pull(
-        self, messages: Sequence[Message], timeout: float | None
+        self,
+        messages: Sequence[Message],
+        timeout: float | None,
+        on_reply: Callable[[int], None] | None = None,
     ) -> list[tuple[Message | None, Timing]]:
         """Push ``messages`` and pull their replies until all came or ``timeout`` seconds
-        (``None``: no limit) passed; per message its reply (``None``: none) and its timing."""
+        (``None``: no limit) passed; per message its reply (``None``: none) and its timing.
+        ``on_reply(i)`` is called when message ``i``'s reply arrives."""
         sent = time.time()
         ids = list(self.grid.push_messages(messages))
         waiting = {mid: i for i, mid in enumerate(ids)}
@@ -100,6 +107,8 @@ class GridTransport:
                 i = waiting.pop(reply.metadata.reply_to_message_id, None)
                 if i is not None:
                     out[i] = (reply, {"sent": sent, "received": time.time()})
+                    if on_reply is not None:
+                        on_reply(i)
             if waiting:
                 time.sleep(self.poll)
         return out

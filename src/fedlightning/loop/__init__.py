@@ -1,11 +1,15 @@
 """The federated loop (rounds) and its parts: sampling, the failure policy, evaluation,
 checkpoints and reporting, one module each."""
 
-from fedlightning.loop.checkpoint import CHECKPOINT_FORMAT, atomic_save
-from fedlightning.loop.core import FederatedLoop
-from fedlightning.loop.failures import ClientBug
-from fedlightning.loop.sampling import sample_clients
+from fedlightning.lazy import lazy_exports
 
-__all__ = [
-    "CHECKPOINT_FORMAT", "ClientBug", "FederatedLoop", "atomic_save", "sample_clients",
-]  # fmt: skip
+#: public name -> its module, imported on first use (fedlightning.lazy: no Lightning before)
+EXPORTS = {
+    "CHECKPOINT_FORMAT": "fedlightning.loop.checkpoint",
+    "ClientBug": "fedlightning.loop.failures",
+    "FederatedLoop": "fedlightning.loop.core",
+    "atomic_save": "fedlightning.loop.checkpoint",
+    "sample_clients": "fedlightning.loop.sampling",
+}
+__all__ = list(EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -1,12 +1,19 @@
 """The run's attack (``loop.attack``), resolved at start-up and applied in one place each round
-(docs/algorithms.md section 8.1).
+(docs/algorithms.md section 8.1), and the breakdown check that no round escapes (section 8,
+"Breakdown points").
 
 :func:`prepare_attack` (from :func:`fedlightning.loop.startup.prepare_run`, before anything is
-written) draws the malicious clients, computes ``f``, the most of them any round of the run
-samples, and has the attack and the aggregator refuse what they cannot serve
-(:meth:`~fedlightning.server.base.Aggregator.check_byzantine`). :meth:`Adversary.corrupt` then
-replaces the malicious uploads of each round after the fits and their checks, before the
-aggregation: the same place for every backend.
+written) draws the malicious clients, computes ``f``, the most of them a round can hold
+(:func:`most_malicious_per_round`, in closed form: start-up does not depend on the number of
+rounds), and has the attack, the aggregator and the backend refuse what they cannot serve
+(:meth:`~fedlightning.server.base.Aggregator.check_byzantine`; a backend that delivers the server
+only the sum of the uploads cannot carry an attack that replaces uploads). Each round,
+:meth:`Adversary.corrupt` replaces the malicious uploads after the fits and their checks, before
+the aggregation: the same place for every backend; then :meth:`Adversary.admits` checks the
+round's own n uploads and f malicious ones against the rule
+(:meth:`~fedlightning.server.base.Aggregator.check_round_byzantine`): a round beyond the
+breakdown point (Poisson sampling drew few clients, failures left few uploads) is not aggregated
+but fails loudly, as a round whose server state went non-finite does.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fedlightning.attacks.base import Attack, AttackRound
-from fedlightning.loop.sampling import sample_clients
+from fedlightning.backends.base import Backend
+from fedlightning.errors import ConfigurationError, RunStopped
+from fedlightning.loop.summary import RunSummary
 from fedlightning.protocol import FitConfig, Payload, Upload
 from fedlightning.server.base import Aggregator, restrict
 
@@ -58,47 +67,98 @@ class Adversary:
 
     def round_metrics(self, uploads: Sequence[Upload]) -> dict[str, float]:
         """``malicious_uploads``: how many of the round's aggregated uploads were malicious."""
-        return {"malicious_uploads": float(sum(u.client_id in self.malicious for u in uploads))}
+        return {"malicious_uploads": float(self.count(uploads))}
+
+    def count(self, uploads: Sequence[Upload]) -> int:
+        """How many of ``uploads`` come from malicious clients."""
+        return sum(u.client_id in self.malicious for u in uploads)
+
+    def admits(
+        self, round_index: int, uploads: Sequence[Upload], aggregator: Aggregator,
+        summary: RunSummary, on_round_failure: str,
+    ) -> bool:  # fmt: skip
+        """Whether the round's ``uploads`` may be aggregated: the rule tolerates their f
+        malicious among n (:meth:`~fedlightning.server.base.Aggregator.check_round_byzantine`).
+        If not, the round fails: logged with both numbers, counted in the ``summary`` (as
+        skipped), and with ``on_round_failure='stop'`` a RunStopped."""
+        byzantine = self.count(uploads)
+        try:
+            aggregator.check_round_byzantine(len(uploads), byzantine)
+        except ConfigurationError as error:
+            name = type(aggregator).__name__
+            summary.record_failed_round(
+                round_index, f"beyond {name}'s breakdown point", aggregated=False
+            )
+            message = (
+                f"round {round_index + 1}: {byzantine} of the {len(uploads)} uploads it would "
+                f"aggregate are malicious ({error})"
+            )
+            if on_round_failure == "stop":
+                raise RunStopped(f"{message}; stopping as on_round_failure='stop'") from None
+            log.error("%s; the round is not aggregated", message)
+            return False
+        return True
 
 
 def most_malicious_per_round(
-    seed: int, num_clients: int, per_round: int, rounds: int, malicious: frozenset[int]
+    sampling: str, num_clients: int, per_round: int, malicious: frozenset[int]
 ) -> int:
-    """f: the most malicious clients among the sampled ones of any round ``0 .. rounds - 1``
-    (sampling is a function of ``(seed, round)``, so this is exact, not a bound)."""
-    if not malicious:
-        return 0
-    if per_round == num_clients:
+    """f: the most malicious clients a round can hold, whatever the seed and the number of
+    rounds. ``fixed`` sampling draws ``per_round`` of the ``num_clients`` clients, any subset
+    with some probability, so ``f = min(m, K)`` for the ``m`` malicious ones; ``poisson``
+    sampling may draw every malicious client in one round, ``f = m``.
+
+    >>> most_malicious_per_round("fixed", 20, 10, frozenset(range(6)))
+    6
+    >>> most_malicious_per_round("fixed", 20, 4, frozenset(range(6)))
+    4
+    >>> most_malicious_per_round("poisson", 20, 4, frozenset(range(6)))
+    6
+    """
+    if sampling == "poisson":
         return len(malicious)
-    return max(
-        len(malicious.intersection(sample_clients(seed, r, num_clients, per_round)))
-        for r in range(rounds)
-    )
+    return min(len(malicious), per_round)
 
 
 def prepare_attack(
     attack: Attack | None,
     aggregator: Aggregator,
+    backend: Backend,
     fit_config: FitConfig,
     num_clients: int,
     per_round: int,
-    rounds: int,
+    sampling: str,
     seed: int,
 ) -> tuple[Adversary | None, FitConfig]:
     """The run's :class:`Adversary` (``None`` without an attack) and its fit config (with the
-    label-flipping clients); refuses an attack the aggregator cannot tolerate or the attack
-    cannot form, with a ConfigurationError naming the option."""
+    label-flipping clients); refuses an attack the aggregator cannot tolerate in a round of
+    ``per_round`` clients (the expected size under Poisson ``sampling``), the attack cannot form
+    or the backend cannot carry, with a ConfigurationError naming the option."""
     if attack is None:
         aggregator.check_byzantine(per_round, 0)
         return None, fit_config
+    if not attack.poisons_labels and not backend.individual_uploads:
+        raise ConfigurationError(
+            f"loop.attack={type(attack).__name__} replaces the malicious clients' uploads on the "
+            f"server, but {type(backend).__name__} delivers the server only the sum of the "
+            "uploads (secure aggregation), so there is no upload to replace: use LabelFlip "
+            "(the malicious clients train on flipped labels, before the masking), or turn off "
+            "loop.backend.init_args.secure_aggregation"
+        )
     malicious = frozenset(attack.malicious_clients(num_clients, seed))
-    byzantine = most_malicious_per_round(seed, num_clients, per_round, rounds, malicious)
+    byzantine = most_malicious_per_round(sampling, num_clients, per_round, malicious)
     attack.check_round(per_round, byzantine)
     aggregator.check_byzantine(per_round, byzantine)
+    how = (
+        f"up to {byzantine} of the {per_round} clients of a round"
+        if sampling == "fixed"
+        else f"up to {byzantine} in a round of about {per_round} clients (Poisson sampling: "
+        "a round that holds more than the aggregator tolerates fails)"
+    )
     log.warning(
-        "attack %s: clients %s (%d of %d) are malicious; up to %d of the %d clients of a round",
+        "attack %s: clients %s (%d of %d) are malicious; %s",
         type(attack).__name__, ", ".join(map(str, sorted(malicious))) or "none",
-        len(malicious), num_clients, byzantine, per_round,
+        len(malicious), num_clients, how,
     )  # fmt: skip
     flipped = tuple(sorted(malicious)) if attack.poisons_labels else ()
     return Adversary(attack, malicious, seed), dataclasses.replace(

@@ -1,7 +1,9 @@
 """Checkpoints: everything a resumed run needs, written atomically, read back with checks.
 
 A checkpoint (format 4) holds the rounds done, the aggregator's and the client store's state, the
-metrics history, the global RNG states and the run's identity
+metrics history, each round component's state under its name (``components``; a checkpoint
+written before round components holds the same states under ``meters``, and reads as well:
+docs/algorithms.md section 6.2), the global RNG states and the run's identity
 (:func:`fedlightning.loop.identity.run_identity`: its resolved config since format 3, so an older
 checkpoint, which cannot tell a changed option, is refused with a message). Format 4: every
 aggregator's state is its declared state (FedCross, InCo and client-level DP wrote their own
@@ -23,8 +25,7 @@ from typing import Any
 
 import torch
 
-from fedlightning.errors import ConfigurationError
-from fedlightning.loop.rundir import storage_error
+from fedlightning.errors import ConfigurationError, storage_error
 from fedlightning.placement import to_cpu
 
 CHECKPOINT_FORMAT = "fedlightning-checkpoint-4"
@@ -93,7 +94,7 @@ def make_checkpoint(
     clients: dict[str, Any],
     history: list[dict[str, float]],
     logger_ids: dict[str, str | None],
-    meters: dict[str, Any] | None = None,
+    components: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The checkpoint after ``rounds_done`` rounds, with the global RNG states of this moment."""
     return {
@@ -109,20 +110,21 @@ def make_checkpoint(
         "history": history,
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
         "wandb_id": logger_ids.get("wandb"),
-        "meters": meters or {},
+        "components": components or {},
     }
 
 
 def snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``checkpoint`` that later rounds cannot change, to be written while they run: the
     server and client state copied to the CPU (an aggregator or an objective may update tensors in
-    place), the history's rows copied; the rest (RNG states taken at this moment, identity,
-    ids, meters' fresh dicts) holds nothing a later round changes."""
+    place), the history's rows and the round components' states copied; the rest (RNG states
+    taken at this moment, identity, ids) holds nothing a later round changes."""
     return {
         **checkpoint,
         "aggregator": to_cpu(checkpoint["aggregator"], copy=True),
         "clients": to_cpu(checkpoint["clients"], copy=True),
         "history": [dict(row) for row in checkpoint["history"]],
+        "components": to_cpu(checkpoint.get("components", {}), copy=True),
     }
 
 

@@ -14,6 +14,9 @@ per sampled client even when clients share one payload object), ``comm_received_
 client-to-server traffic (every upload that came back, including those the failure policy rejects
 as non-finite; a client that raised sent nothing). ``comm_sent_total`` and ``comm_received_total``
 accumulate over all rounds run so far, evaluated or not, and survive a resume.
+
+:class:`CommunicationMeter` is a round component (docs/algorithms.md section 6.2): it counts at
+``on_results`` and adds its columns to each evaluated row.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from torch import Tensor
 
 from fedlightning.protocol import ClientJob, FitResult, Payload, Upload
+from fedlightning.round_components import Round, RoundComponent, Row
 
 
 def nbytes(value: Any) -> int:
@@ -53,12 +57,21 @@ def message_bytes(message: Payload | Upload) -> int:
     return nbytes(message.weights) + nbytes(message.extras)
 
 
-class CommunicationMeter:
+class CommunicationMeter(RoundComponent):
     """Counts the bytes of each round's payloads and uploads and keeps the running totals."""
+
+    name = "communication"
 
     def __init__(self) -> None:
         self.sent_total = 0
         self.received_total = 0
+        self.last: dict[str, int] = {}  # the latest round's columns
+
+    def on_results(self, round: Round) -> None:
+        self.last = self.count(round.jobs, round.results)
+
+    def on_evaluated(self, round: Round, row: Row) -> Row | None:
+        return {**row, **self.last}
 
     def count(
         self, jobs: Iterable[ClientJob], results: Mapping[int, FitResult | BaseException]

@@ -1,16 +1,19 @@
 """FederatedLoop: runs rounds; the LightningCLI ``trainer_class`` (config key ``loop``).
 
-A round: sample clients from ``(seed, round)``, ask the aggregator for their payloads, hand the
-jobs to the backend, apply the failure policy, aggregate, evaluate, report, checkpoint. The loop
-knows the payload/upload contract (:mod:`fedlightning.protocol`) and the Backend protocol, and
-nothing of what an objective optimises, how an aggregator combines or how a backend fits.
+A round reads as the algorithm (:meth:`FederatedLoop._round`): sample clients from
+``(seed, round)``, dispatch the aggregator's payloads, train on the backend, screen the results
+(the failure policy), aggregate, evaluate, record. Every feature around it (the communication
+meter, the targets, the privacy report, the adversary, the server guard, the checkpoint writer)
+is a round component that start-up builds once per run and the round calls at named points
+(:mod:`fedlightning.round_components`, docs/algorithms.md section 6.2). The loop knows that
+protocol, the payload/upload contract (:mod:`fedlightning.protocol`) and the Backend protocol,
+and nothing of what an objective optimises, how an aggregator combines, how a backend fits or
+what a component does.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,23 +24,18 @@ from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
-from fedlightning.errors import ConfigurationError, RunStopped
-from fedlightning.loop.checkpoint import atomic_save, make_checkpoint, read_checkpoint
-from fedlightning.loop.checkpoint_writer import CheckpointWriter
-from fedlightning.loop.communication import CommunicationMeter
-from fedlightning.loop.evaluation import Evaluator
-from fedlightning.loop.failures import check_for_bug, sort_results
-from fedlightning.loop.reporting import Reporter
+from fedlightning.determinism import deterministic_compute, prepare_environment
+from fedlightning.errors import ConfigurationError
+from fedlightning.loop.arguments import check_arguments
+from fedlightning.loop.checkpoint import read_checkpoint
+from fedlightning.loop.options import RunOptions, fit_config_from, reporter_from
+from fedlightning.loop.rounds import Rounds
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
-from fedlightning.loop.sampling import round_clients
-from fedlightning.loop.server_guard import ServerGuard
-from fedlightning.loop.startup import check_arguments, open_run, prepare_run
+from fedlightning.loop.startup import open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
-from fedlightning.loop.targets import TargetTracker
-from fedlightning.privacy import DPSGD
-from fedlightning.privacy.report import PrivacyReport
-from fedlightning.protocol import ClientJob, FitConfig
+from fedlightning.privacy.dp_sgd import DPSGD
+from fedlightning.round_components import Row
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.signals import StopSignal, signal_number, stop_on_signals
@@ -58,7 +56,11 @@ class FederatedLoop:
     aggregate the successful uploads; every ``eval_every`` rounds evaluate the deployable model(s)
     on the global test set and the global model on the scored clients' validation splits
     (``val_clients``); report; checkpoint atomically (written in the background,
-    :mod:`fedlightning.loop.checkpoint_writer`).
+    :mod:`fedlightning.loop.checkpoint_writer`). The rounds run in
+    :class:`~fedlightning.loop.rounds.Rounds`, the features around them as round components
+    (docs/algorithms.md section 6.2). ``__init__`` is over 60 lines by its signature alone: one
+    argument per option of the CLI's ``loop:`` section; its body checks them and builds the
+    loop's parts.
 
     Args:
         rounds: number of communication rounds R.
@@ -66,8 +68,8 @@ class FederatedLoop:
         local_epochs: local epochs E per client fit.
         local_steps: if set, train exactly this many optimizer steps per fit instead of epochs.
         aggregator: the server algorithm (default ``FedAvg()``).
-        backend: how a round's client fits run (default ``AutoBackend()``: sequential on the CPU,
-            the cohort on an accelerator where it applies; also ``SequentialBackend``,
+        backend: how a round's client fits run (default ``AutoBackend()``: the cohort where it
+            applies and measures clearly faster, else sequential; also ``SequentialBackend``,
             ``CohortBackend`` and ``RayBackend``, by ``class_path``). Results do not depend on it,
             beyond the cohort's float rounding: with BatchNorm ResNets or dropout it agrees
             after a step, and over many rounds in distribution (:mod:`fedlightning.backends.base`).
@@ -86,8 +88,9 @@ class FederatedLoop:
             sampled from ``(seed, round)`` afresh each evaluated round, so evaluation does not
             grow with the number of clients (``val_acc`` is then the mean over the sample;
             :mod:`fedlightning.loop.evaluation`). Default 100.
-        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt`` and
-            ``global.pt`` go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
+        run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt``,
+            ``global.pt`` and ``models.pt`` (every deployable: :mod:`fedlightning.loop.deployables`)
+            go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
         checkpoint_every: write ``last.ckpt`` every this many rounds (and after the last round).
         min_clients: a round aggregates only if at least this many uploads succeed.
         on_round_failure: ``skip`` the aggregation of a round with fewer than ``min_clients``
@@ -100,11 +103,14 @@ class FederatedLoop:
             under ``run_dir/client_state`` (a file per client; memory and checkpoints stay the
             same size however many clients have state: :mod:`fedlightning.state.disk`).
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
-        loggers: Lightning loggers besides the CSV logger (``metrics.csv``), each by
-            ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...).
+        loggers: Lightning loggers besides ``metrics.csv`` (always written), each by
+            ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...); each
+            gets the resolved config and, where it takes images, the run's figures
+            (:mod:`fedlightning.loop.logger_outputs`).
         wandb: shorthand for a W&B logger (offline unless ``WANDB_API_KEY`` is set).
         wandb_project, wandb_group, wandb_tags, wandb_name: settings of that W&B logger.
-        progress_bar: show a rich progress bar over rounds.
+        progress_bar: show the progress over rounds (a bar on a terminal, one display updated
+            in place in Jupyter: :mod:`fedlightning.loop.progress`).
         fit_with: ``auto``: Lightning Fabric fits every objective that states its loss, a lean
             Trainer those that need one (manual optimization, overridden training hooks);
             ``trainer``: a Trainer for every fit.
@@ -136,6 +142,11 @@ class FederatedLoop:
             ``fedlightning.privacy.ClientLevelDP`` needs (docs/algorithms.md section 7.1).
         dp_sgd: sample-level differential privacy in every client fit
             (:class:`fedlightning.privacy.DPSGD`, docs/algorithms.md section 7.2); null: off.
+        deterministic: ``true``: deterministic algorithms everywhere the run computes (torch's,
+            cuDNN's, cuBLAS's workspace), so that a seed repeats bit for bit on the GPU too; an op
+            without a deterministic implementation stops the run naming it; ``warn``: such an op
+            runs with a warning; ``false``: torch's fastest kernels (:mod:`fedlightning.
+            determinism`, docs/algorithms.md section 9.1). Part of the run's identity.
     """
 
     def __init__(
@@ -177,44 +188,31 @@ class FederatedLoop:
         attack: Attack | None = None,
         client_sampling: Literal["fixed", "poisson"] = "fixed",
         dp_sgd: DPSGD | None = None,
+        deterministic: bool | Literal["warn"] = True,
     ) -> None:
         self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
         check_arguments(**self.init_args)
-        self.rounds = rounds
-        self.clients_per_round = clients_per_round
+        prepare_environment(deterministic)  # cuBLAS reads it when CUDA starts: before any fit
+        self.rounds, self.clients_per_round, self.seed = rounds, clients_per_round, seed
         self.aggregator = aggregator if aggregator is not None else FedAvg()
-        self.attack = attack
         self.backend = backend if backend is not None else AutoBackend()
-        self.fit_config = FitConfig(
-            local_epochs=local_epochs, local_steps=local_steps, precision=precision,
-            accelerator=accelerator, seed=seed, gradient_clip_val=gradient_clip_val,
-            gradient_clip_algorithm=gradient_clip_algorithm, fit_with=fit_with,
-            num_threads=num_threads, onednn=onednn,
-            dp_sgd=dp_sgd.settings() if dp_sgd is not None else None,
-        )  # fmt: skip
-        self.client_sampling = client_sampling
-        self.privacy = PrivacyReport(dp_sgd.delta if dp_sgd is not None else None)
-        self.seed = seed
-        self.eval_every = eval_every
-        self.val_clients = val_clients
+        self.attack, self.dp_sgd, self.target_acc = attack, dp_sgd, target_acc
+        self.fit_config = fit_config_from(self.init_args)
+        self.client_sampling, self.eval_every, self.val_clients = (
+            client_sampling,
+            eval_every,
+            val_clients,
+        )
         self.run_dir = Path(run_dir if run_dir is not None else "runs/run")
-        self.checkpoint_every = checkpoint_every
-        self.min_clients = min_clients
-        self.on_round_failure = on_round_failure
-        self.store = ClientStore(client_state, self.run_dir / "client_state")
-        self.reporter = Reporter(
-            self.run_dir, loggers or (), wandb,
-            dict(project=wandb_project, group=wandb_group, tags=wandb_tags, name=wandb_name),
-            progress_bar, plots, log_every,
-        )  # fmt: skip
-        self.history: list[dict[str, float]] = []
+        self.checkpoint_every, self.min_clients = checkpoint_every, min_clients
+        self.on_round_failure, self.max_skipped_fraction = on_round_failure, max_skipped_fraction
         self.overwrite = overwrite
-        self.max_skipped_fraction = max_skipped_fraction
+        self.store = ClientStore(client_state, self.run_dir / "client_state")
+        self.reporter = reporter_from(self.init_args, self.run_dir)
+        self.history: list[Row] = []
         self.summary = RunSummary()
         #: the resolved config the CLI writes to ``run_dir/config.yaml`` once every check passed
         self.config_text: str | None = None
-        self.communication = CommunicationMeter()
-        self.target = TargetTracker(target_acc)
         #: what start-up resolved for the current (or last) ``fit`` (:func:`prepare_run`)
         self.run_state: RunState | None = None
 
@@ -226,6 +224,11 @@ class FederatedLoop:
     def console(self):
         """The rich console progress and the closing line go to (``console.quiet = True`` mutes it)."""
         return self.reporter.console
+
+    def start_options(self) -> RunOptions:
+        """What start-up, the rounds and the round components read of this loop, taken now."""
+        names = RunOptions.__dataclass_fields__
+        return RunOptions(**{name: getattr(self, name) for name in names})
 
     # -- public API -----------------------------------------------------------------------------
     def fit(
@@ -244,13 +247,17 @@ class FederatedLoop:
             raise ConfigurationError(
                 "FederatedLoop.fit needs a FederatedDataModule as `datamodule`"
             )
-        self.run_state = run = prepare_run(self, model, datamodule, ckpt_path)
+        options = self.start_options()
+        self.run_state = run = prepare_run(options, model, datamodule, ckpt_path)
         if run.checkpoint is not None:
-            self._resume_records(run.checkpoint)
+            self.history[:] = run.checkpoint["history"]
+            if run.first_round >= self.rounds:  # nothing to train: the run's files stay as they are
+                return self.history[-1] if self.history else {}
         overwrite = self.overwrite and run.checkpoint is None  # a resume rewrites its history
         with RunDirectory(self.run_dir, overwrite, resuming=run.resumes_in_place or self.overwrite):
             with (
                 cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
+                deterministic_compute(self.fit_config.deterministic),
                 quiet_lightning(),
                 stop_on_signals(),  # SIGINT and SIGTERM alike, Trainer fits included
             ):
@@ -258,167 +265,15 @@ class FederatedLoop:
                     self.backend.start(
                         model, datamodule, run.fit_config, run.compute, self.reporter.client_done
                     )
-                    return self._run(model, datamodule, run)
+                    open_run(options, model, datamodule, run)
+                    return Rounds(options, run, datamodule).run()
                 except (KeyboardInterrupt, StopSignal) as stop:
                     raise interrupted(self._newest_checkpoint(), signal_number(stop)) from None
                 except OSError as error:  # the run's own files: never a client failure
                     raise storage_error(error, self.run_dir, "write the run's files") from None
                 finally:
                     self.backend.stop()
-
-    def _resume_records(self, checkpoint: dict[str, Any]) -> None:
-        """The loop's own records of a resumed run: its history and meters."""
-        self.history = list(checkpoint["history"])
-        meters = checkpoint.get("meters", {})
-        self.communication.load_state_dict(meters.get("communication", {}))
-        self.target.load_state_dict(meters.get("target", {}))
-        self.privacy.load_state_dict(meters.get("privacy", {}))
-
-    # -- the rounds -----------------------------------------------------------------------------
-    def _run(self, model: ClientModule, dm: FederatedDataModule, run: RunState) -> dict[str, float]:
-        open_run(self, model, dm, run)
-        writer = CheckpointWriter()
-        try:
-            metrics, unsaved, started = self._rounds(model, dm, run, writer)
-        except BaseException:  # the checkpoint in flight lands before the error goes up
-            writer.close(raise_error=False)
-            raise
-        writer.close()  # and before global.pt
-        return self._finish(metrics, unsaved, started, dm.num_clients)
-
-    def _rounds(
-        self, model: ClientModule, dm: FederatedDataModule, run: RunState, writer: CheckpointWriter
-    ) -> tuple[dict[str, float], str | None, float]:
-        """The rounds: the last evaluated metrics, why the final model must not be saved
-        (``None``: it is finite) and when the rounds started."""
-        start_round, per_round = run.first_round, run.clients_per_round
-        evaluator = Evaluator(run.compute.device, run.compute.autocast, self.seed, self.val_clients)
-        metrics: dict[str, float] = self.history[-1] if self.history else {}
-        guard = ServerGuard(self.aggregator, self.summary, self.on_round_failure)
-        started = time.perf_counter()
-        with self.reporter.progress(self.rounds, start_round) as advance:
-            for r in range(start_round, self.rounds):
-                round_start = time.perf_counter()
-                writer.poll()  # a failed background checkpoint write stops the run here
-                client_ids = round_clients(
-                    self.client_sampling, self.seed, r, dm.num_clients, per_round, run.sampling_rate
-                )
-                payloads = self.aggregator.configure_round(r, client_ids)
-                jobs = [ClientJob(r, cid, payloads[cid], self.store.get(cid)) for cid in client_ids]
-                with self.reporter.watch_round(r, len(jobs)):  # Poisson sampling may draw none
-                    results = run.server.arrivals(self.backend.run(r, jobs)) if jobs else {}
-                traffic = self.communication.count(jobs, results)
-                outcome = sort_results(
-                    r, client_ids, results, payloads, self.summary,
-                    frozenset(self.aggregator.required_upload_extras), self.precision,
-                )  # fmt: skip
-                if jobs:
-                    check_for_bug(r, r == start_round, outcome)
-                for cid, result in outcome.results:
-                    self.store.put(cid, result.state)
-                self.privacy.update(outcome.results)
-                uploads = outcome.uploads
-                if run.adversary is not None:  # one place for every backend: after the fits
-                    uploads = run.adversary.corrupt(r, uploads, payloads)
-                # client-level DP releases every round, also one with no upload
-                aggregates = len(uploads) >= self.min_clients or (
-                    self.aggregator.releases_every_round
-                )
-                self.summary.record_round(aggregates, drew_clients=bool(jobs))
-                if aggregates:
-                    guard.aggregate(r, uploads)  # undone if it leaves NaN/Inf in the state
-                elif not jobs:  # Poisson sampling drew no client: nothing failed
-                    log.info("round %d: Poisson sampling drew no client", r + 1)
-                elif self.on_round_failure == "stop":
-                    writer.wait()  # the message names the checkpoint on disk
-                    self._stop(r, len(uploads), len(jobs))
-                else:
-                    log.warning(
-                        "round %d: only %d of %d clients succeeded (min_clients=%d): aggregation skipped",
-                        r + 1, len(uploads), len(jobs), self.min_clients,
-                    )  # fmt: skip
-                last = r == self.rounds - 1
-                if (r + 1) % self.eval_every == 0 or last:
-                    metrics = {
-                        "round": r + 1,
-                        **evaluator.evaluate(
-                            model,
-                            dm,
-                            self.aggregator.deployables(),
-                            [u.client_id for u in uploads],
-                            self.store,
-                            r,
-                        ),  # fmt: skip
-                        "train_loss": _mean(
-                            [u.metrics.get("train_loss", math.nan) for u in uploads]
-                        ),
-                        "clients_failed": len(outcome.failed),
-                        "clients_rejected": len(outcome.rejected),
-                        "round_time_s": time.perf_counter() - round_start,
-                        **traffic,
-                        **self.aggregator.round_metrics(),
-                        **(run.adversary.round_metrics(uploads) if run.adversary else {}),
-                        **self.privacy.metrics(dm.num_clients),
-                    }
-                    self.target.add_time(metrics["round_time_s"])
-                    if guard.evaluation_failed(r, metrics):  # state restored, row not logged
-                        metrics = self.history[-1] if self.history else {}
-                    else:
-                        metrics.update(self.target.update(r + 1, metrics, last))
-                        self.history.append(metrics)
-                        self.reporter.log(metrics)
-                        self.reporter.round_line(metrics, self.rounds, last)
-                else:
-                    self.target.add_time(time.perf_counter() - round_start)
-                if (r + 1) % self.checkpoint_every == 0 or last:
-                    self._save_checkpoint(run, r + 1, writer)
-                advance(f"test_acc {metrics['test_acc']:.4f}" if "test_acc" in metrics else "")
-        return metrics, guard.final_model_problem(self.aggregator.global_state()), started
-
-    def _finish(
-        self, metrics: dict[str, float], unsaved: str | None, started: float, num_clients: int
-    ) -> dict[str, float]:
-        """After the rounds and their last checkpoint write: ``global.pt`` (unless ``unsaved``
-        says why not), the summary (privacy spent over the ``num_clients`` clients) and the run's
-        verdict."""
-        if unsaved is None:
-            atomic_save(self.aggregator.global_state(), self.run_dir / "global.pt")
-        self.reporter.close()
-        self.reporter.summary(
-            [*self.summary.lines(), *self.privacy.lines(self.aggregator, num_clients)]
-        )
-        failure = unsaved or self.summary.verdict(self.max_skipped_fraction)
-        if failure is not None:
-            raise RunStopped(f"run failed: {failure}; results are in {self.run_dir}")
-        self.reporter.done(
-            metrics, self.rounds, time.perf_counter() - started, self.target.summary()
-        )
-        return metrics
-
-    def _stop(self, r: int, succeeded: int, per_round: int) -> None:
-        checkpoint = self.run_dir / "last.ckpt"
-        resume = f"; --ckpt_path {checkpoint} resumes" if checkpoint.is_file() else ""
-        raise RunStopped(
-            f"round {r + 1}: only {succeeded} of {per_round} clients succeeded "
-            f"(min_clients={self.min_clients}); stopping as on_round_failure='stop'" + resume
-        )
-
-    # -- checkpoints ----------------------------------------------------------------------------
-    def _save_checkpoint(self, run: RunState, rounds_done: int, writer: CheckpointWriter) -> None:
-        clients = self.store.state_dict()
-        checkpoint = make_checkpoint(
-            rounds_done, run.identity, self.aggregator.state_dict(), clients,
-            self.history, {"wandb": self.reporter.wandb_id()},
-            {"communication": self.communication.state_dict(), "target": self.target.state_dict(),
-             "privacy": self.privacy.state_dict()},
-        )  # fmt: skip
-        path = self.run_dir / "last.ckpt"
-
-        def written() -> None:  # on the loop's thread, once the file is on disk
-            run.last_checkpoint = (rounds_done, str(path))
-            self.store.commit(clients)  # the state files this checkpoint no longer needs
-
-        writer.submit(checkpoint, path, written)
+                    self.store.close()
 
     def _newest_checkpoint(self) -> tuple[int, str] | None:
         """``(rounds, path)`` of the checkpoint that resumes this run now: the file on disk is the
@@ -428,8 +283,3 @@ class FederatedLoop:
             return int(read_checkpoint(str(path))["round"]), str(path)
         except ConfigurationError:
             return self.run_state.last_checkpoint if self.run_state is not None else None
-
-
-def _mean(values: list[float]) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return sum(values) / len(values) if values else math.nan

@@ -1,6 +1,8 @@
 """Evaluation: plain ``no_grad`` passes (no Trainer, no metric objects per round).
 
-Each deployable model is scored on the global test set (``test_acc``, ``test_loss``; models other
+Each deployable model is scored through the run's scoring model (networks it owns, in eval mode
+under ``no_grad``, never the objective's own modules: :mod:`fedlightning.loop.scoring_model`,
+docs/algorithms.md section 6.1) on the global test set (``test_acc``, ``test_loss``; models other
 than ``"global"`` prefixed by their name, e.g. ``resnet10/test_acc``), the global model on the
 validation splits of the round's scored clients in one batched pass (``val_acc``: the unweighted
 mean over those clients of each client's accuracy, with the distribution's sample-weighted mean,
@@ -23,21 +25,21 @@ makes ``test_loss`` NaN (``MeanMetric`` dropped it), which fails the round
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedlightning.metrics import accuracy_distribution
 from fedlightning.protocol import StateDict
 from fedlightning.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from fedlightning.clients.base import ClientModule
     from fedlightning.data.datamodule import FederatedDataModule
+    from fedlightning.loop.scoring_model import ScoringModel
     from fedlightning.state import ClientStore
 
 ValClients = int | Literal["all"]
@@ -57,35 +59,31 @@ def val_clients(
 
 
 class Evaluator:
-    """Scores models on ``device`` under ``autocast`` (the run's precision context); ``seed`` and
-    ``scored`` choose each round's scored clients (:func:`val_clients`)."""
+    """Scores deployables through ``scoring`` (the run's :class:`~fedlightning.loop.
+    scoring_model.ScoringModel`: networks it owns, in eval mode, on its device, under the run's
+    autocast); ``seed`` and ``scored`` choose each round's scored clients (:func:`val_clients`)."""
 
-    def __init__(
-        self,
-        device: torch.device,
-        autocast: Callable[[], AbstractContextManager],
-        seed: int = 0,
-        scored: ValClients = "all",
-    ) -> None:
-        self.device = device
-        self.autocast = autocast
+    def __init__(self, scoring: ScoringModel, seed: int = 0, scored: ValClients = "all") -> None:
+        self.scoring = scoring
+        self.device = scoring.device
+        self.autocast = scoring.autocast
         self.seed = seed
         self.scored = scored
         self._every_client: tuple[Tensor, Tensor, Tensor] | None = None  # gathered once
 
     @torch.no_grad()
     def test(
-        self, model: ClientModule, batches: Iterable[tuple[Tensor, Tensor]]
+        self, network: nn.Module, batches: Iterable[tuple[Tensor, Tensor]]
     ) -> dict[str, float]:
         """``test_acc`` (micro accuracy) and ``test_loss`` (mean cross-entropy per sample)."""
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
         count = 0
-        dtype = next(model.parameters()).dtype  # float64 after a 64-true fit
+        dtype = next(network.parameters()).dtype  # float64 in a 64-true run
         for x, y in batches:
             x, y = x.to(self.device, dtype), y.to(self.device)
             with self.autocast():
-                logits = model(x)
+                logits = network(x)
             correct += (logits.argmax(dim=1) == y).sum()
             loss += F.cross_entropy(logits.float(), y, reduction="none").sum()
             count += len(y)
@@ -93,29 +91,47 @@ class Evaluator:
         accuracy = correct.float() / total if count else torch.zeros(())
         return {"test_acc": float(accuracy), "test_loss": float(loss / total)}
 
+    def test_models(
+        self,
+        networks: Mapping[str, Callable[[], nn.Module]],
+        batches: Callable[[], Iterable[tuple[Tensor, Tensor]]],
+    ) -> dict[str, float]:
+        """:meth:`test` of each network, loaded in turn by ``networks[name]()``: ``test_acc`` and
+        ``test_loss`` for ``"global"``, prefixed by the name for the others
+        (``resnet10/test_acc``), and with several client groups scored, their mean
+        ``group_mean_acc``."""
+        results: dict[str, float] = {}
+        for name, load in networks.items():
+            prefix = "" if name == "global" else f"{name}/"
+            for key, value in self.test(load(), batches()).items():
+                results[prefix + key] = value
+        groups = [g for g in self.scoring.group_names if f"{g}/test_acc" in results]
+        if len(groups) > 1:  # heterogeneous clients: the paper's headline number
+            results["group_mean_acc"] = sum(results[f"{g}/test_acc"] for g in groups) / len(groups)
+        return results
+
     @torch.no_grad()
     def client_accuracy(
-        self, model: ClientModule, x: Tensor, y: Tensor, owner: Tensor, batch_size: int
+        self, network: nn.Module, x: Tensor, y: Tensor, owner: Tensor, batch_size: int
     ) -> dict[str, float]:
         """The distribution of each client's accuracy on its own samples
         (:func:`~fedlightning.metrics.accuracy_distribution`: ``val_acc`` is the
         unweighted mean over clients, with ``_weighted``, ``_std``, ``_min`` and ``_worst10``)."""
         size = int(owner.max()) + 1
         correct = torch.zeros(size, dtype=torch.float64, device=self.device)
-        dtype = next(model.parameters()).dtype
+        dtype = next(network.parameters()).dtype
         for start in range(0, len(y), batch_size):
             xb = x[start : start + batch_size].to(self.device, dtype)
             yb = y[start : start + batch_size].to(self.device)
             ob = owner[start : start + batch_size].to(self.device)
             with self.autocast():
-                hits = (model(xb).argmax(dim=1) == yb).to(torch.float64)
+                hits = (network(xb).argmax(dim=1) == yb).to(torch.float64)
             correct += torch.bincount(ob, weights=hits, minlength=size)
         counts = torch.bincount(owner, minlength=size).to(self.device, torch.float64)
         return accuracy_distribution(correct, counts, "val_acc")
 
     def evaluate(
         self,
-        model: ClientModule,
         dm: FederatedDataModule,
         deployables: Mapping[str, StateDict],
         client_ids: Sequence[int],
@@ -125,26 +141,15 @@ class Evaluator:
         """Every metric of round ``round_index``'s evaluation (see the module docstring);
         ``client_ids``: the clients whose uploads the round aggregated (for the objective's
         own metrics)."""
-        model.to(self.device).eval()
-        model.prepare_evaluation(store)
-        results: dict[str, float] = {}
-        for name, weights in deployables.items():
-            model.load_network_state(weights)
-            prefix = "" if name == "global" else f"{name}/"
-            for key, value in self.test(model, dm.test_dataloader()).items():
-                results[prefix + key] = value
-        groups = [g for g in model.groups if f"{g}/test_acc" in results]
-        if len(groups) > 1:  # heterogeneous clients: the paper's headline number
-            results["group_mean_acc"] = sum(results[f"{g}/test_acc"] for g in groups) / len(groups)
-        if len(deployables) > 1:
-            model.load_network_state(deployables["global"])
+        scoring = self.scoring
+        scoring.prepare(store, deployables)
+        loaders = {name: functools.partial(scoring.load, w) for name, w in deployables.items()}
+        results = self.test_models(loaders, dm.test_dataloader)
         x, y, owner = self._val_data(dm, round_index)
         if len(y):
-            results.update(self.client_accuracy(model, x, y, owner, dm.eval_batch_size))
-        results.update(
-            model.evaluate_clients(client_ids, store, dm.client_val_dataloader, self.device)
-        )
-        model.train()
+            network = scoring.load(deployables["global"])
+            results.update(self.client_accuracy(network, x, y, owner, dm.eval_batch_size))
+        results.update(scoring.evaluate_clients(client_ids, store, dm.client_val_dataloader))
         return results
 
     def _val_data(self, dm: FederatedDataModule, round_index: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -13,10 +13,11 @@ same structure from the CLI and from Python) plus facts derived from the objects
   (:meth:`~fedlightning.server.server_state.ServerState.declared_states`: a plug-in whose code now
   declares other state cannot continue the checkpoint);
 - ``backend_results``: whose numerics the backend's fits follow: ``sequential`` for
-  SequentialBackend, RayBackend and AutoBackend where it chose sequential (always on the CPU);
-  ``cohort`` for CohortBackend (its vmapped fits follow another floating-point trajectory, e.g.
-  with BatchNorm) and AutoBackend where it chose the cohort; ``flower`` for FlowerBackend; any
-  other backend its class path;
+  SequentialBackend, RayBackend and AutoBackend where it chose sequential; ``cohort`` for
+  CohortBackend (its vmapped fits follow another floating-point trajectory, e.g. with BatchNorm)
+  and AutoBackend where it chose the cohort (by measurement: a resumed AutoBackend takes the
+  checkpoint's path, docs/algorithms.md section 9.3); ``flower`` for FlowerBackend; any other
+  backend its class path;
 - ``library_version``: a different one only warns.
 
 A resume (:func:`compare_identity`) may change only the options that cannot change the result,
@@ -28,7 +29,12 @@ A resume (:func:`compare_identity`) may change only the options that cannot chan
   ``loop.progress_bar``, ``loop.log_every``, ``loop.target_acc``, ``loop.max_skipped_fraction``;
 - where the run lives: ``loop.run_dir``, ``loop.overwrite``;
 - ``loop.backend`` (with its options) where ``backend_results`` stays the same (e.g.
-  SequentialBackend to RayBackend, not to or from CohortBackend).
+  SequentialBackend to RayBackend, not to or from CohortBackend);
+- ``loop.deterministic`` between ``true`` and ``warn``: both run the same deterministic kernels
+  wherever one exists, and differ only where an op has none, which stops a ``true`` run. It is not
+  result-neutral otherwise: ``false`` lets torch, cuDNN and cuBLAS pick other (nondeterministic)
+  kernels on a GPU, so a resume to or from ``false`` is refused (docs/algorithms.md section 9.1).
+  A checkpoint written before the option existed ran as ``false``.
 
 Any other difference (the optimizer and its lr, epochs, steps, batch size, precision, clients per
 round, data options, aggregator options, seed, threads, oneDNN, gradient clipping, ...) is refused
@@ -81,6 +87,9 @@ RESUME_MAY_CHANGE = (
 )
 #: the backend option: it may change where ``backend_results`` stays the same
 BACKEND = "loop.backend"
+#: ``loop.deterministic``: it may change between these values (the same kernels wherever a run
+#: with either goes on); a checkpoint without it ran as ``false``
+DETERMINISTIC, SAME_KERNELS = "loop.deterministic", (True, "warn")
 #: derived facts compared on resume, in order, with what to do on a mismatch
 DERIVED = {
     "dataset": "resume with the same --data.dataset",
@@ -175,7 +184,7 @@ def compare_identity(ckpt_path: str, stored: Any, current: dict[str, Any]) -> No
     refused = [
         (path, old, new)
         for path, old, new in differences(stored["config"], current["config"])
-        if not may_change(path, stored, current)
+        if not may_change(path, stored, current, old, new)
     ]
     if refused:
         path, old, new = refused[0]
@@ -204,10 +213,16 @@ def compare_identity(ckpt_path: str, stored: Any, current: dict[str, Any]) -> No
         )  # fmt: skip
 
 
-def may_change(path: str, stored: dict[str, Any], current: dict[str, Any]) -> bool:
-    """Whether a resume may change the option ``path`` (module docstring)."""
+def may_change(
+    path: str, stored: dict[str, Any], current: dict[str, Any], old: Any = None, new: Any = None
+) -> bool:
+    """Whether a resume may change the option ``path`` from ``old`` to ``new`` (module
+    docstring)."""
     if _under(path, BACKEND):
         return stored.get("backend_results") == current["backend_results"]
+    if path == DETERMINISTIC:
+        old = False if old is NOT_SET else old  # written before the option existed
+        return old == new or (old in SAME_KERNELS and new in SAME_KERNELS)
     return any(_under(path, option) for option in RESUME_MAY_CHANGE)
 
 

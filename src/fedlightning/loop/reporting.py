@@ -1,27 +1,37 @@
-"""Reporting: metrics to Lightning loggers (CSV always, any others by ``class_path``, W&B by the
-``wandb`` shorthand), the progress bar, and the plots of a run.
+"""Reporting: ``metrics.csv`` (:mod:`fedlightning.loop.metrics_table`), Lightning loggers (any by
+``class_path``, W&B by the ``wandb`` shorthand) with the resolved config and the run's figures
+(:mod:`fedlightning.loop.logger_outputs`), the progress display and the plots of a run.
 
-For clusters: when stderr is not a terminal (a batch job's log file) there is no progress bar but
-one plain, flushed line per evaluated round (every ``log_every`` rounds, and the last):
+Progress (:mod:`fedlightning.loop.progress`): on a terminal a progress bar; in Jupyter one display
+per fit, updated in place; anywhere else (a batch job's log file) one plain, flushed line per
+evaluated round (every ``log_every`` rounds, and the last):
 ``round 3/10 test_acc 0.8123 test_loss 0.5123 time 1.2s failed 0 rejected 0``. A round that
-takes longer than ``slow_round_s`` seconds prints how many of its clients are done every
-``slow_round_s`` seconds (on a terminal too). The run summary closes the log.
+takes longer than ``slow_round_s`` seconds says how many of its clients are done every
+``slow_round_s`` seconds (a line; in Jupyter, in the fit's display). The run summary closes it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers import Logger
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.loop.logger_outputs import is_wandb, log_config, log_figure
+from fedlightning.loop.metrics_table import MetricsTable
+from fedlightning.loop.progress import (
+    Advance,
+    NotebookDisplay,
+    notebook_line,
+    output_mode,
+    rich_bar,
+)
 
 
 class Reporter:
@@ -32,9 +42,10 @@ class Reporter:
         loggers: extra Lightning loggers (TensorBoard, MLflow, W&B...).
         wandb: also log to a WandbLogger made by :func:`fedlightning.tracking.make_wandb_logger`
             with ``wandb_settings`` (offline without an API key; resumed runs continue their run).
-        progress_bar: show a rich progress bar over rounds.
-        plots: write ``partition.png`` at start and ``curves.png`` at the end.
-        log_every: with stderr not a terminal, one plain line every this many rounds.
+        progress_bar: show the progress (a bar on a terminal, one updating display in Jupyter).
+        plots: write ``partition.png`` at start and ``curves.png`` at the end (and log them to
+            the loggers that take images).
+        log_every: off a terminal and outside Jupyter, one plain line every this many rounds.
     """
 
     def __init__(
@@ -54,22 +65,30 @@ class Reporter:
         self.progress_bar = progress_bar
         self.plots = plots
         self.loggers: list[Logger] = []
+        self.table = MetricsTable(run_dir)
         self.console = Console(stderr=True)
+        self.notebook = NotebookDisplay()
         self.log_every = log_every
         self.slow_round_s = 5.0
         self._clients_done = 0
 
     @property
     def plain(self) -> bool:
-        """Plain log lines instead of a progress bar: stderr is not a terminal."""
-        return not self.console.is_terminal
+        """Plain log lines: stderr is neither a terminal nor a Jupyter kernel's."""
+        return output_mode(self.console) == "log"
 
     def _line(self, text: str) -> None:
+        """One line for the user: in Jupyter, appended to the fit's display."""
+        if self.console.quiet:
+            return
+        if output_mode(self.console) == "notebook":
+            self.notebook.show(f"{self.notebook.text}\n{text}".lstrip("\n"))
+            return
         self.console.print(text, soft_wrap=True, highlight=False, markup=False)
         self.console.file.flush()
 
     def round_line(self, metrics: dict[str, float], rounds: int, last: bool) -> None:
-        """One plain line for an evaluated round (stderr not a terminal; every ``log_every``)."""
+        """One plain line for an evaluated round (in a log; every ``log_every``)."""
         r = int(metrics["round"])
         if not self.plain or not (last or r % self.log_every == 0):
             return
@@ -82,23 +101,28 @@ class Reporter:
         )
 
     def client_done(self, client_id: int) -> None:
-        """Called by a backend after each client fit (for the slow-round progress lines)."""
+        """Called by a backend after each client fit (for the slow-round progress)."""
         self._clients_done += 1
 
     @contextmanager
     def watch_round(self, round_index: int, num_clients: int) -> Iterator[None]:
         """While a round runs: after ``slow_round_s`` seconds, and every ``slow_round_s`` seconds
-        after, print ``round r: k/n clients done, t s``."""
+        after, say ``round r: k/n clients done, t s``."""
         self._clients_done = 0
         stop = threading.Event()
         start = time.perf_counter()
+        before = self.notebook.text
 
         def watch() -> None:
             while not stop.wait(self.slow_round_s):
-                self._line(
+                status = (
                     f"round {round_index + 1}: {self._clients_done}/{num_clients} clients done, "
                     f"{time.perf_counter() - start:.0f} s"
                 )
+                if output_mode(self.console) == "notebook":
+                    self.notebook.show(f"{before}\n{status}".lstrip("\n"))
+                else:
+                    self._line(status)
 
         watcher = threading.Thread(target=watch, name="fedlightning-round-watch", daemon=True)
         watcher.start()
@@ -113,71 +137,79 @@ class Reporter:
             self._line(line)
 
     def plot_partition(self, dm: FederatedDataModule) -> None:
+        """``partition.png``, titled with the data set and partition (from ``config.yaml``)."""
         if self.plots:
+            from fedlightning.analysis.labels import describe_run
             from fedlightning.analysis.plots import plot_partition
 
-            plot_partition(
-                dm.partition_table(),
-                self.run_dir / "partition.png",
-                title=f"{dm.dataset} partition",
-            )
+            description = describe_run(self.run_dir)
+            title = f"{description.data}, {description.partition}" if description else dm.dataset
+            plot_partition(dm.partition_table(), self.run_dir / "partition.png", title=title)
 
     def open(
         self, history: Sequence[dict[str, float]], wandb_id: str | None, dm: FederatedDataModule
     ) -> None:
-        """Open the loggers; a resumed run first rewrites the rows up to its checkpoint to CSV."""
-        csv = CSVLogger(save_dir=str(self.run_dir), name="", version="")
-        for row in history:
-            csv.log_metrics(row, step=int(row["round"]))
-        self.loggers = [csv, *self.extra_loggers]
-        if self.wandb:
+        """Open the loggers; a resumed run first rewrites the rows up to its checkpoint to
+        ``metrics.csv``. Every logger gets the resolved config; a new run's partition figure goes
+        to those that take images."""
+        self.table.start(history)
+        self.notebook = NotebookDisplay()  # this fit's own display
+        self.loggers = list(self.extra_loggers)
+        log_config(self.loggers, self.run_dir / "config.yaml")
+        if self.wandb:  # its own description: the config and the partition table
             from fedlightning.tracking import log_run_description, make_wandb_logger
 
             logger = make_wandb_logger(self.run_dir, wandb_id, **self.wandb_settings)
             if wandb_id is None:  # a resumed W&B run already has them
                 log_run_description(logger, self.run_dir / "config.yaml", dm.partition_table())
             self.loggers.append(logger)
+        if not history:
+            log_figure(self.loggers, "partition", self.run_dir / "partition.png", step=0)
         for logger in self.loggers:
             logger.save()
 
     def log(self, metrics: dict[str, float]) -> None:
+        self.table.add(metrics)
         for logger in self.loggers:
             logger.log_metrics(metrics, step=int(metrics["round"]))
             logger.save()
 
     def close(self) -> None:
-        for logger in self.loggers:
-            logger.finalize("success")
-            if type(logger).__name__ == "WandbLogger":
-                logger.experiment.finish()  # flush and close the W&B run (WandbLogger leaves it open)
-        if self.plots and (self.run_dir / "metrics.csv").is_file():
+        """Draw ``curves.png``, log it, and close the loggers."""
+        if self.plots and self.table.rows:
             from fedlightning.analysis.plots import plot_curves
 
-            plot_curves(self.run_dir)
+            curves = plot_curves(self.run_dir)
+            log_figure(self.loggers, "curves", curves, step=int(self.table.rows[-1]["round"]))
+        for logger in self.loggers:
+            logger.finalize("success")
+            if is_wandb(logger):
+                logger.experiment.finish()  # flush and close the W&B run (WandbLogger leaves it open)
 
     def wandb_id(self) -> str | None:
         """The W&B run id (stored in checkpoints so a resumed run continues the same W&B run)."""
         for logger in self.loggers:
-            if type(logger).__name__ == "WandbLogger":
+            if is_wandb(logger):
                 return logger.version
         return None
 
     @contextmanager
-    def progress(self, total: int, start: int) -> Iterator[Any]:
-        """A progress bar over rounds; yields ``advance(description)``."""
-        progress = Progress(
-            TextColumn("[bold]rounds"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.description}"), console=self.console,
-            disable=not self.progress_bar or self.plain,
-        )  # fmt: skip
-        with progress:
-            task = progress.add_task("", total=total, completed=start)
-            yield lambda description: progress.update(task, advance=1, description=description)
+    def progress(self, total: int, start: int) -> Iterator[Advance]:
+        """The progress over rounds; yields ``advance(metrics)``, called after each round with
+        the latest evaluated metrics."""
+        enabled = self.progress_bar and not self.console.quiet
+        if output_mode(self.console) == "notebook":
+            with notebook_line(self.notebook, total, start, enabled) as advance:
+                yield advance
+        else:
+            with rich_bar(self.console, total, start, enabled and not self.plain) as advance:
+                yield advance
 
-    def done(self, metrics: dict[str, float], rounds: int, elapsed: float, note: str = "") -> None:
+    def done(
+        self, metrics: Mapping[str, float], rounds: int, elapsed: float, note: str = ""
+    ) -> None:
         if "test_acc" in metrics:
-            self.console.print(
-                f"[bold]done[/]: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}"
-                f"{note}, {elapsed:.1f} s; run directory {self.run_dir}",
-                soft_wrap=True,  # one line however narrow the terminal (or 80 columns off one)
+            self._line(
+                f"done: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}"
+                f"{note}, {elapsed:.1f} s; run directory {self.run_dir}"
             )

@@ -1,20 +1,23 @@
 """What start-up resolved for one ``FederatedLoop.fit``: the :class:`RunState` the rounds consume.
 
 :func:`fedlightning.loop.startup.prepare_run` builds it (every check passed, nothing written
-yet); the loop keeps it for the length of the run and updates only ``last_checkpoint``. The loop's
+yet); the loop keeps it for the length of the run, and the checkpoint writer updates
+``last_checkpoint``. The loop's
 own attributes are its options and its components, all set in ``FederatedLoop.__init__``: no
 start-up function assigns them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fedlightning.compute import Compute
 from fedlightning.loop.byzantine import Adversary
+from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_device import ServerDevice
 from fedlightning.protocol import FitConfig
+from fedlightning.round_components import RoundComponent
 
 
 @dataclass
@@ -44,6 +47,11 @@ class RunState:
             clients a label-flipping attack poisons); the backend receives it.
         adversary: ``loop.attack`` with its malicious clients (:mod:`fedlightning.loop.byzantine`);
             ``None``: no attack.
+        scoring: what every evaluation scores the deployables with, and what ``models.pt``
+            records (:mod:`fedlightning.loop.scoring_model`).
+        components: the run's round components, in order (:mod:`fedlightning.loop.components`,
+            docs/algorithms.md section 6.2).
+        ended: the components' ``on_run_end`` has run (it runs once per run).
     """
 
     clients_per_round: int
@@ -57,3 +65,6 @@ class RunState:
     last_checkpoint: tuple[int, str] | None
     fit_config: FitConfig
     adversary: Adversary | None
+    scoring: ScoringModel
+    components: list[RoundComponent] = field(default_factory=list)
+    ended: bool = False

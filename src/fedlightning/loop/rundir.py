@@ -1,7 +1,7 @@
 """Run directories that never lose data: checked before anything is written, locked for a run's life.
 
 Policy (README "Run directories"): a run refuses a directory that already holds another run's
-results (``metrics.csv``, ``last.ckpt``, ``global.pt``; CoFED's ``summary.json``) unless it resumes from a
+results (``metrics.csv``, ``last.ckpt``, ``global.pt``, ``models.pt``; CoFED's ``summary.json``) unless it resumes from a
 checkpoint (``--ckpt_path``) or is told ``--loop.overwrite true`` (which deletes those results
 first). We chose refusal over Lightning-style ``version_N`` folders so that a run directory keeps
 naming exactly one run, and ``--ckpt_path <run_dir>/last.ckpt`` stays the way to continue it.
@@ -13,29 +13,31 @@ user's (``-c exp/config.yaml --loop.run_dir exp``) and the run is refused, whate
 directory where a run has run (it holds the lock file below) or that the run resumes from; in any
 other directory they are a user's, and the run is refused.
 
-The lock is ``fcntl.flock`` on ``<run_dir>/.fedlightning.lock`` (holding the holder's pid): the
-kernel releases it when the process exits, however it exits, so a lock left by a crashed run is
-stale and never blocks the next one. A second run on a locked directory is refused at once with the
-holder's pid. :func:`check_run_dir` only reads (it probes the lock with a shared, read-only open);
+The lock is ``fcntl.flock`` on ``<run_dir>/.fedlightning.lock`` (holding the holder's pid,
+:mod:`fedlightning.folder_lock`): the kernel releases it when the process exits, however it exits,
+so a lock left by a crashed run is stale and never blocks the next one. A second run on a locked
+directory is refused at once with the holder's pid. A run directory removed while its run runs is
+named as such (a :class:`~fedlightning.errors.StorageError`), not as the first file that failed.
+:func:`check_run_dir` only reads (it probes the lock with a shared, read-only open);
 :class:`RunDirectory` creates the directory and takes the lock after every start-up check passed.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import shutil
 import signal
 from pathlib import Path
 from types import TracebackType
 
-from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError
+from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError, storage_error
+from fedlightning.folder_lock import LOCK_NAME, FolderLock, lock_holder
 from fedlightning.signals import stopped_by
 
-LOCK_NAME = ".fedlightning.lock"
 #: files whose presence means the directory holds a run's results
-RESULT_FILES = ("metrics.csv", "last.ckpt", "global.pt", "summary.json", "participants.csv")
+RESULT_FILES = (
+    "metrics.csv", "last.ckpt", "global.pt", "models.pt", "summary.json", "participants.csv",
+)  # fmt: skip
 #: what ``overwrite`` deletes (results and the files a run writes beside them)
 RUN_FILES = (
     *RESULT_FILES,
@@ -59,13 +61,15 @@ def check_run_dir(
     resuming: bool = False,
     overwrite: bool = False,
     min_free_bytes: int = MIN_FREE_BYTES,
+    python: bool = False,
 ) -> Path:
     """Check ``run_dir`` can hold a new run, writing nothing; return it as a Path.
 
     Refused (:class:`ConfigurationError` naming ``option``): an empty path; a path that is a file
     or lies under one; a directory (or nearest existing parent) that is not writable or has less
     than ``min_free_bytes`` free; a directory locked by a live run; a directory holding another
-    run's results unless ``resuming`` or ``overwrite``.
+    run's results unless ``resuming`` or ``overwrite`` (the advice is command-line options, or
+    with ``python`` the Python API's arguments).
     """
     if run_dir is None or not str(run_dir).strip():
         raise ConfigurationError(
@@ -101,7 +105,7 @@ def check_run_dir(
             "end or choose another directory"
         )
     _refuse_foreign(path, option, resuming, ran_here=(path / LOCK_NAME).exists())
-    _refuse_results(path, option, resuming, overwrite)
+    _refuse_results(path, option, resuming, overwrite, python)
     return path
 
 
@@ -155,46 +159,35 @@ def _refuse_long_names(path: Path, option: str) -> None:
             )
 
 
-def _refuse_results(path: Path, option: str, resuming: bool, overwrite: bool) -> None:
+def _refuse_results(
+    path: Path, option: str, resuming: bool, overwrite: bool, python: bool = False
+) -> None:
     results = [name for name in RESULT_FILES if (path / name).exists()]
     if results and not (resuming or overwrite):
+        # only a run with a checkpoint resumes (CoFED's one-shot runs have none)
+        checkpoint = path / "last.ckpt" if (path / "last.ckpt").exists() else None
+        held = f"{option}={str(path)!r} already holds another run's results ({', '.join(results)})"
+        if python:  # FederatedLoop(run_dir=...).fit(...)
+            resume = (
+                f"resume it with fit(..., ckpt_path={str(checkpoint)!r}), " if checkpoint else ""
+            )
+            raise ConfigurationError(
+                f"{held}: {resume}replace it with FederatedLoop(..., overwrite=True), or give "
+                "FederatedLoop another run_dir"
+            )
         flag = (
             "--overwrite" if option == "run_dir" else f"--{option.replace('run_dir', 'overwrite')}"
         )
-        # only a run with a checkpoint resumes (CoFED's one-shot runs have none)
-        resume = (
-            f"resume it with --ckpt_path {path / 'last.ckpt'}, "
-            if (path / "last.ckpt").exists()
-            else ""
-        )
+        resume = f"resume it with --ckpt_path {checkpoint}, " if checkpoint else ""
         raise ConfigurationError(
-            f"{option}={str(path)!r} already holds another run's results "
-            f"({', '.join(results)}): {resume}replace it with {flag} true, or choose another "
-            f"directory (--{option} DIR)"
+            f"{held}: {resume}replace it with {flag} true, or choose another directory "
+            f"(--{option} DIR)"
         )
 
 
 def resumes_in(ckpt_path: str | Path, run_dir: str | Path) -> bool:
     """Whether ``ckpt_path`` lies in ``run_dir`` (a resume that continues that directory's run)."""
     return Path(ckpt_path).resolve().parent == Path(run_dir).resolve()
-
-
-def lock_holder(run_dir: Path) -> str | None:
-    """The pid (as written in the lock file) of a live run holding ``run_dir``'s lock, else None."""
-    lock = run_dir / LOCK_NAME
-    try:
-        handle = open(lock)  # noqa: SIM115 (read-only probe, closed below)
-    except OSError:
-        return None
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return handle.read().strip() or "unknown"
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return None
-    finally:
-        handle.close()
 
 
 class RunDirectory:
@@ -217,7 +210,7 @@ class RunDirectory:
         self.overwrite = overwrite
         self.resuming = resuming
         self.option = option
-        self._handle = None
+        self._lock = FolderLock(self.path)
         self._created = False
 
     def __enter__(self) -> RunDirectory:
@@ -225,24 +218,14 @@ class RunDirectory:
         ran_here = (self.path / LOCK_NAME).exists()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path / LOCK_NAME, "a+")  # noqa: SIM115 (held for the run's life)
+            holder = self._lock.acquire()
         except OSError as error:
             raise storage_error(error, self.path, "create the run directory") from None
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
+        if holder is not None:
             raise ConfigurationError(
                 f"{self.option}={str(self.path)!r} is in use by another run (pid {holder}): wait "
                 "for it to end or choose another directory"
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"{os.getpid()}\n")
-        handle.flush()
-        self._handle = handle
+            )
         try:  # again under the lock: a run that ended since check_run_dir may have left results
             _refuse_foreign(self.path, self.option, self.resuming, ran_here)
             _refuse_results(self.path, self.option, self.resuming, self.overwrite)
@@ -265,35 +248,28 @@ class RunDirectory:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        if self._handle is None:
+        if not self._lock.held:
             return
+        vanished = self._lock.replaced()
         failed_empty = (
             kind is not None
             and self._created
+            and not vanished
             and {p.name for p in self.path.iterdir()} <= {LOCK_NAME}
         )
         if failed_empty:
             (self.path / LOCK_NAME).unlink(missing_ok=True)
-        fcntl.flock(self._handle, fcntl.LOCK_UN)
-        self._handle.close()
-        self._handle = None
+        self._lock.release()
         if failed_empty:
             try:
                 self.path.rmdir()
             except OSError:
                 pass
-
-
-def storage_error(error: OSError, path: Path, doing: str, note: str = "") -> StorageError:
-    """A one-line :class:`StorageError` for an OSError met while ``doing`` in ``path``."""
-    reason = {
-        errno.ENOSPC: "no space left on the device",
-        errno.EDQUOT: "disk quota exceeded",
-        errno.EROFS: "read-only file system",
-        errno.EACCES: "permission denied",
-    }.get(error.errno or -1, error.strerror or str(error))
-    where = f" ({error.filename})" if error.filename else ""
-    return StorageError(f"could not {doing} in {str(path)!r}: {reason}{where}{note}")
+        if vanished and kind is not None and issubclass(kind, Exception):
+            raise StorageError(
+                f"{self.option}={str(self.path)!r} was removed while the run was running (by "
+                "another process): the run's files there are gone; start the run again"
+            ) from None
 
 
 def interrupted(

@@ -1,11 +1,12 @@
 """Non-finite server state is never silent: a round whose aggregation leaves a NaN/Inf anywhere in
 the aggregator's state, or whose evaluation gives a non-finite test loss, is a failed round.
 
-:class:`ServerGuard` wraps the loop's call of ``aggregator.aggregate``. Before it, every declared
-state of the aggregator is copied (``aggregator.snapshot()``: a plug-in may update tensors in
-place; counters and lists too, docs/algorithms.md section 2.6); after it, the state contract is
-checked (:class:`~fedlightning.server.state_watch.StateWatch`: declared states keep their layout,
-nothing undeclared changed; a breach stops the run with a ConfigurationError naming the
+:class:`ServerGuard` is a round component (docs/algorithms.md section 6.2) around the loop's call
+of ``aggregator.aggregate``. Before it (``on_aggregating``), every declared state of the
+aggregator is copied (``aggregator.snapshot()``: a plug-in may update tensors in place; counters
+and lists too, docs/algorithms.md section 2.6); after it (``on_aggregated``), the state contract
+is checked (:class:`~fedlightning.server.state_watch.StateWatch`: declared states keep their
+layout, nothing undeclared changed; a breach stops the run with a ConfigurationError naming the
 aggregator, the attribute or state and the key), then the state is checked finite (one read-back
 per device, :func:`fedlightning.loop.failures.all_finite`).
 A non-finite entry fails the round: the log names the aggregator, the entry and key (e.g.
@@ -22,13 +23,16 @@ The state is restored to what it was before this round's aggregation (``aggregat
 every declared state but those declared ``rollback=False``, such as the privacy client-level DP
 spent; transient attributes reset): with ``eval_every > 1`` an earlier, unevaluated round may
 already have made the model useless while keeping it finite.
+
+The watch fingerprints the aggregator when the rounds start (``on_round_start`` of the first
+round, after set-up and any resume); a non-finite row is discarded at ``on_evaluated`` (so the
+components after the guard do not see it) and a non-finite final model named at ``on_run_end``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -36,7 +40,7 @@ import torch
 from fedlightning.errors import RunStopped
 from fedlightning.loop.failures import all_finite
 from fedlightning.loop.summary import RunSummary
-from fedlightning.protocol import Upload
+from fedlightning.round_components import Round, RoundComponent, Row
 from fedlightning.server.base import Aggregator
 from fedlightning.server.state_watch import StateWatch
 
@@ -67,7 +71,7 @@ def _non_finite_paths(value: Any, path: str):
         yield path
 
 
-class ServerGuard:
+class ServerGuard(RoundComponent):
     """Keeps the server state finite across a run (see the module docstring).
 
     Args:
@@ -86,27 +90,38 @@ class ServerGuard:
         self.summary = summary
         self.on_round_failure = on_round_failure
         self._before: dict[str, Any] | None = None  # the state before the last aggregation
-        self.watch = StateWatch(aggregator)  # after set-up and resume: the rounds start
+        self.watch: StateWatch | None = None  # from the first round on (after set-up and resume)
         self._aggregated: int | None = None  # the round that aggregation belongs to
         self._failed: int | None = None  # the last round that failed here
 
     @property
-    def name(self) -> str:
+    def aggregator_name(self) -> str:
         return type(self.aggregator).__name__
 
-    def aggregate(self, round_index: int, uploads: Sequence[Upload]) -> None:
-        """``aggregator.aggregate(round_index, uploads)``, undone if it leaves non-finite state."""
+    def on_round_start(self, round: Round) -> None:
+        if self.watch is None:  # the rounds start: every undeclared attribute is fingerprinted
+            self.watch = StateWatch(self.aggregator)
+
+    def on_aggregating(self, round: Round) -> None:
         self._before = self.aggregator.snapshot()
-        self._aggregated = round_index
-        self.aggregator.aggregate(round_index, uploads)
-        self.watch.check(round_index)
+        self._aggregated = round.index
+
+    def on_aggregated(self, round: Round) -> None:
+        assert self.watch is not None
+        self.watch.check(round.index)  # undeclared state changed, a declared layout broken
         entry = non_finite_entry(self.aggregator.state_dict())
         if entry is not None:
             self._fail(
-                round_index,
-                f"{self.name}'s server state is not finite after aggregation ({entry} holds "
+                round.index,
+                f"{self.aggregator_name}'s server state is not finite after aggregation ({entry} holds "
                 "NaN/Inf)",
             )
+
+    def on_evaluated(self, round: Round, row: Row) -> Row | None:
+        return None if self.evaluation_failed(round.index, row) else row
+
+    def on_run_end(self, failing: bool) -> str | None:
+        return self.final_model_problem(self.aggregator.global_state())
 
     def evaluation_failed(self, round_index: int, metrics: dict[str, float]) -> bool:
         """Whether the round's evaluation gave a non-finite ``*test_loss``; if so, the round fails
@@ -119,7 +134,7 @@ class ServerGuard:
             losses = ", ".join(f"{k}={metrics[k]}" for k in bad)
             self._fail(
                 round_index,
-                f"the model aggregated by {self.name} has a non-finite test loss ({losses})",
+                f"the model aggregated by {self.aggregator_name} has a non-finite test loss ({losses})",
             )
         return True
 
@@ -130,7 +145,7 @@ class ServerGuard:
         if entry is None:
             return None
         return (
-            f"the final global model of {self.name} is not finite ({entry} holds NaN/Inf), so it "
+            f"the final global model of {self.aggregator_name} is not finite ({entry} holds NaN/Inf), so it "
             "is not saved as global.pt"
         )
 

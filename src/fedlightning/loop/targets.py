@@ -7,6 +7,9 @@ The papers compare methods by the communication rounds needed to first reach a t
 and including it (summed over resumed segments). The resolution is ``loop.eval_every``. Both
 appear in the row of the round that reaches the target and in the last row of the run (NaN in the
 last row when the target was never reached).
+
+:class:`TargetTracker` is a round component (docs/algorithms.md section 6.2) placed after the
+server guard, so a round whose evaluation failed neither reaches the target nor loses its time.
 """
 
 from __future__ import annotations
@@ -15,9 +18,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from fedlightning.round_components import Round, RoundComponent, Row
 
-class TargetTracker:
+
+class TargetTracker(RoundComponent):
     """Watches ``metric`` (``test_acc``) for the first evaluated round at or above ``target``."""
+
+    name = "target"
 
     def __init__(self, target: float | None, metric: str = "test_acc") -> None:
         self.target = target
@@ -25,6 +32,19 @@ class TargetTracker:
         self.elapsed_s = 0.0
         self.rounds_to_target: int | None = None
         self.time_to_target_s: float | None = None
+        self._timed: int | None = None  # the round whose time is already added
+
+    def on_evaluated(self, round: Round, row: Row) -> Row | None:
+        self.add_time(row["round_time_s"])
+        self._timed = round.index
+        return {**row, **self.update(round.index + 1, row, round.last)}
+
+    def on_round_end(self, round: Round) -> None:
+        if self._timed != round.index:  # not evaluated, or its row discarded
+            self.add_time(round.seconds())
+
+    def done_note(self) -> str:
+        return self.summary()
 
     def add_time(self, seconds: float) -> None:
         self.elapsed_s += seconds

@@ -134,6 +134,7 @@ def _vit(depth: int):
         num_heads: int = 6,
         mlp_ratio: float = 4.0,
         pretrained_path: str | None = None,
+        stem: Literal["patch", "conv"] = "patch",
     ) -> nn.Module:
         if patch_size is None:
             patch_size = 16 if image_size >= 112 else max(1, image_size // 4)
@@ -145,11 +146,29 @@ def _vit(depth: int):
             embed_dim >= 1 and num_heads >= 1 and embed_dim % num_heads == 0,
             f"vit_s{depth} embed_dim", embed_dim, f"a positive multiple of num_heads={num_heads}",
         )  # fmt: skip
-        from fedlightning.models.vit import ViT, load_pretrained_prefix  # timm on first use
+        require(stem in ("patch", "conv"), f"vit_s{depth} stem", stem, "'patch' or 'conv'")
+        require(
+            stem == "patch" or pretrained_path is None, f"vit_s{depth} stem", stem,
+            "'patch' with pretrained_path (a pretrained ViT has a patchify stem)",
+        )  # fmt: skip
+        if stem == "conv":
+            stride_2_convs = patch_size.bit_length() - 1
+            require(
+                patch_size >= 2 and patch_size == 2**stride_2_convs
+                and embed_dim % 2 ** (stride_2_convs - 1) == 0,
+                f"vit_s{depth} patch_size", patch_size,
+                f"a power of two >= 2 with embed_dim={embed_dim} divisible by patch_size / 2 "
+                "(stem 'conv': one stride-2 convolution per halving)",
+            )  # fmt: skip
+        from fedlightning.models.vit import ViT, conv_stem, load_pretrained_prefix  # timm on use
 
+        if stem == "conv":  # the stem makes the patch grid; the transformer sees 1x1 "patches"
+            embed = {"patch_size": 1, "embed_layer": conv_stem(in_channels, embed_dim, patch_size)}
+        else:
+            embed = {"patch_size": patch_size}
         model = ViT(
-            img_size=image_size, patch_size=patch_size, in_chans=in_channels, num_classes=num_classes,
-            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+            img_size=image_size, in_chans=in_channels, num_classes=num_classes,
+            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, **embed,
         )  # fmt: skip
         if pretrained_path is not None:
             load_pretrained_prefix(model, pretrained_path)
@@ -160,7 +179,10 @@ def _vit(depth: int):
         f"ViT-S/{depth}: timm's vit_small_patch16_224 layout (embed 384, 6 heads) with {depth} "
         "blocks and a new head. ``patch_size=None`` takes 16 for inputs of 112 pixels or more and "
         "``image_size // 4`` (a 4x4 patch grid) below. ``pretrained_path``: a local checkpoint "
-        "whose first blocks are copied (:func:`fedlightning.models.vit.load_pretrained_prefix`)."
+        "whose first blocks are copied (:func:`fedlightning.models.vit.load_pretrained_prefix`). "
+        "``stem``: ``patch`` (ViT's patchify convolution) or ``conv`` (Xiao et al.'s "
+        "convolutional stem with the same token grid, :func:`fedlightning.models.vit.conv_stem`; "
+        "``patch_size`` a power of two)."
     )
     return register_model(f"vit_s{depth}")(build)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, unknown_name
 
 ModelBuilder = Callable[..., nn.Module]
 _REGISTRY: dict[str, ModelBuilder] = {}
@@ -33,9 +33,7 @@ def list_models() -> list[str]:
 def model_builder(name: str) -> ModelBuilder:
     """The builder registered as ``name`` (e.g. to inspect the options it takes)."""
     if name not in _REGISTRY:
-        raise ConfigurationError(
-            f"unknown model {name!r}: choose one of {', '.join(list_models())}"
-        )
+        raise unknown_name("model", name, list_models())
     return _REGISTRY[name]
 
 

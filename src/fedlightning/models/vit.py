@@ -1,5 +1,5 @@
-"""timm's VisionTransformer for the ViT-S/``depth`` family of :mod:`fedlightning.models.hetero`
-and the loading of a local pretrained checkpoint's first blocks.
+"""timm's VisionTransformer for the ViT-S/``depth`` family of :mod:`fedlightning.models.hetero`,
+its optional convolutional stem and the loading of a local pretrained checkpoint's first blocks.
 
 A module of its own so that timm (and the Hugging Face hub client it imports) loads only when a
 ViT is built, not on every ``import fedlightning``.
@@ -7,11 +7,14 @@ ViT is built, not on every ``import fedlightning``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
-from timm.layers import resample_abs_pos_embed
+from timm.layers import HybridEmbed, resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer_hybrid import ConvStem
 
 from fedlightning.errors import ConfigurationError, require
 
@@ -30,6 +33,27 @@ class ViT(VisionTransformer):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.forward_features(x))
+
+
+def conv_stem(in_channels: int, embed_dim: int, patch_size: int) -> Callable[..., HybridEmbed]:
+    """The convolutional stem of Xiao et al. ("Early Convolutions Help Transformers See Better",
+    NeurIPS 2021, arXiv:2106.14881) in place of the ``patch_size`` x ``patch_size`` patchify
+    convolution, as ViT's ``embed_layer`` (build the ViT with ``patch_size=1``): ``k =
+    log2(patch_size)`` 3x3 stride-2 convolutions, each with BatchNorm and ReLU, whose widths double
+    up to ``embed_dim`` (``embed_dim / 2**(k-1) .. embed_dim``), then a 1x1 convolution to
+    ``embed_dim``. The token grid is the patchify stem's (``image_size / patch_size`` a side); the
+    parameters live under ``patch_embed.backbone.*``, shared by every depth of the family
+    (docs/algorithms.md section 2.4, "ViTs from scratch")."""
+    k = patch_size.bit_length() - 1
+    widths = tuple(embed_dim // 2 ** (k - 1 - i) for i in range(k))
+    backbone = ConvStem(
+        in_chans=in_channels,
+        depth=k + 1,
+        channels=(*widths, embed_dim),
+        kernel_size=(3,) * k + (1,),
+        stride=(2,) * k + (1,),
+    )
+    return partial(HybridEmbed, backbone=backbone, proj=False)
 
 
 def load_pretrained_prefix(model: ViT, path: str | Path) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from fedlightning.errors import ConfigurationError
-from fedlightning.privacy.accountant import PrivacyAccountant
+from fedlightning.privacy.accountant import DEFAULT, PrivacyAccountant
 from fedlightning.privacy.client_dp_inner import inner_refusal
 from fedlightning.privacy.dp_statistic import NoisedMean
 from fedlightning.privacy.opacus_extra import require_opacus
@@ -48,7 +48,8 @@ class ClientLevelDP(WrappingAggregator):
             allowed. FedNova, Scaffold, FedCross, InCo and the robust statistics are refused.
         noise_multiplier, target_epsilon, delta, clip_norm, adaptive_clipping, target_quantile,
             clip_learning_rate, count_noise_std, accountant: the release's
-            (:class:`~fedlightning.privacy.dp_statistic.NoisedMean`).
+            (:class:`~fedlightning.privacy.dp_statistic.NoisedMean`: ``accountant`` ``pld``, the
+            default, ``prv`` or ``rdp``; ``delta`` below 1 / num_clients).
     """
 
     def __init__(
@@ -62,7 +63,7 @@ class ClientLevelDP(WrappingAggregator):
         target_quantile: float = 0.5,
         clip_learning_rate: float = 0.2,
         count_noise_std: float | None = None,
-        accountant: Literal["rdp", "prv"] = "rdp",
+        accountant: Literal["pld", "prv", "rdp"] = DEFAULT,
     ) -> None:
         require_opacus("loop.aggregator=ClientLevelDP (client-level differential privacy)")
         inner = FedAvg(weighting="uniform") if inner is None else inner

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from fedlightning.privacy.bounds import CLIP_RANGE
 from fedlightning.protocol import StateDict
 from fedlightning.server.functional import clamp_running_var
 from fedlightning.server.summation import wide, wide_dtype
@@ -133,12 +134,24 @@ def adaptive_clip_norm(
     ``b~ = (sum_i (b_i - 1/2) + N(0, sigma_b^2)) / m + 1/2`` with ``b_i = [||u_i|| <= C]`` over the
     round's ``participants``, ``m`` the expected number of clients (a fixed denominator, as for the
     update) and ``count_noise`` the drawn ``N(0, sigma_b^2)``; then
-    ``C' = C exp(-eta_C (b~ - gamma))``.
+    ``C' = C exp(-eta_C (b~ - gamma))``, held (in log space) in
+    :data:`~fedlightning.privacy.bounds.CLIP_RANGE`, the range a given clipping norm may take, so
+    that no noise draw can overflow it to inf or underflow it to 0 (post-processing of the released
+    count: the privacy is unchanged; docs/algorithms.md section 7.1).
 
     >>> c, b = adaptive_clip_norm(1.0, unclipped=10, participants=10, count_noise=0.0,
     ...                           expected_clients=10, target_quantile=0.5, learning_rate=0.2)
     >>> round(b, 3), round(c, 4)  # every update unclipped: C shrinks by exp(-0.1)
     (1.0, 0.9048)
+    >>> adaptive_clip_norm(1.0, 0, 10, -1e9, 10, 0.5, 10.0)[0]  # an absurd draw: held at the top
+    1000000000.0
     """
     fraction = (unclipped - participants / 2 + count_noise) / expected_clients + 0.5
-    return clip_norm * math.exp(-learning_rate * (fraction - target_quantile)), fraction
+    low, high = CLIP_RANGE
+    step = -learning_rate * (fraction - target_quantile)
+    log_norm = math.log(clip_norm) + step
+    if log_norm >= math.log(high):
+        return high, fraction
+    if log_norm <= math.log(low):
+        return low, fraction
+    return clip_norm * math.exp(step), fraction

@@ -9,15 +9,15 @@ client's fit.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 from torch import nn
 
 from fedlightning.compute import canonical
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.privacy.accountant import MECHANISMS
-from fedlightning.privacy.opacus_extra import require_opacus
+from fedlightning.privacy import bounds
+from fedlightning.privacy.accountant import DEFAULT, MECHANISMS
+from fedlightning.privacy.opacus_extra import require_accountant, require_opacus
 from fedlightning.protocol import FitConfig
 from fedlightning.recorded_args import RecordsInitArgs
 
@@ -41,15 +41,16 @@ class DPSGD(RecordsInitArgs):
     steps. An epoch is ``ceil(n_i / B)`` such steps.
 
     Each client's privacy is composed over all its steps in all the rounds it trained, by its own
-    accountant kept in its ClientStore state; the loop reports the max and the mean of the
-    clients' epsilons at ``delta`` (``dp_sgd_epsilon_max``, ``dp_sgd_epsilon_mean``; a client that
-    never trained spent 0).
+    accountant (docs/algorithms.md section 7.3) kept in its ClientStore state; the loop reports
+    the max and the mean of the clients' epsilons at ``delta`` (``dp_sgd_epsilon_max``,
+    ``dp_sgd_epsilon_mean``; a client that never trained spent 0).
 
     Args:
-        noise_multiplier: sigma > 0, the noise std relative to ``max_grad_norm``.
-        max_grad_norm: C > 0, the L2 norm each per-sample gradient is clipped to.
-        delta: delta in (0, 1), e.g. below 1 / (samples of a client).
-        accountant: ``rdp`` or ``prv`` (Opacus's RDPAccountant or PRVAccountant).
+        noise_multiplier: sigma in [0.3, 1e6], the noise std relative to ``max_grad_norm``.
+        max_grad_norm: C in [1e-9, 1e9], the L2 norm each per-sample gradient is clipped to.
+        delta: delta in (0, 1 / the run's training samples) (checked at start-up).
+        accountant: ``pld`` (dp-accounting's PLD, the tightest: default), ``prv`` or ``rdp``
+            (Opacus's PRVAccountant or RDPAccountant).
     """
 
     def __init__(
@@ -57,17 +58,15 @@ class DPSGD(RecordsInitArgs):
         noise_multiplier: float = 1.0,
         max_grad_norm: float = 1.0,
         delta: float = 1e-5,
-        accountant: Literal["rdp", "prv"] = "rdp",
+        accountant: Literal["pld", "prv", "rdp"] = DEFAULT,
     ) -> None:
         require_opacus("loop.dp_sgd (DP-SGD clients)")
-        positive = "a finite number > 0"
-        require(noise_multiplier > 0 and math.isfinite(noise_multiplier),
-                OPTION + "noise_multiplier", noise_multiplier,
-                f"{positive} (0 adds no noise)")  # fmt: skip
-        require(max_grad_norm > 0 and math.isfinite(max_grad_norm),
-                OPTION + "max_grad_norm", max_grad_norm, positive)  # fmt: skip
+        bounds.require_noise_multiplier(OPTION + "noise_multiplier", noise_multiplier)
+        bounds.require_clip_norm(OPTION + "max_grad_norm", max_grad_norm)
         require(0 < delta < 1, OPTION + "delta", delta, "a number in (0, 1)")
-        require(accountant in MECHANISMS, OPTION + "accountant", accountant, "'rdp' or 'prv'")
+        require(accountant in MECHANISMS, OPTION + "accountant", accountant,
+                " or ".join(map(repr, MECHANISMS)))  # fmt: skip
+        require_accountant(accountant, f"{OPTION}accountant={accountant!r}")
         self.noise_multiplier = float(noise_multiplier)
         self.max_grad_norm = float(max_grad_norm)
         self.delta = float(delta)
@@ -80,6 +79,15 @@ class DPSGD(RecordsInitArgs):
             "noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
             "delta": self.delta, "accountant": self.accountant,
         }  # fmt: skip
+
+
+def fit_plan(batches_per_epoch: int, config: FitConfig) -> tuple[float, int]:
+    """``(q, steps)`` of one DP-SGD fit over ``batches_per_epoch`` batches an epoch
+    (``ceil(n_i / B)``): Opacus's ``DPDataLoader`` rate ``q = 1 / batches_per_epoch`` and
+    ``local_steps``, or ``local_epochs`` epochs of ``batches_per_epoch`` steps
+    (docs/algorithms.md section 7.2)."""
+    per_epoch = max(batches_per_epoch, 1)
+    return 1.0 / per_epoch, config.local_steps or config.local_epochs * per_epoch
 
 
 def check_dp_sgd(model: nn.Module, config: FitConfig, trainer_reason: str | None) -> None:

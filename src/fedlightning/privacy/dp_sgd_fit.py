@@ -23,7 +23,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from fedlightning.errors import ConfigurationError
 from fedlightning.privacy.accountant import PrivacyAccountant
-from fedlightning.privacy.dp_sgd import DPSGD, EPSILON_METRIC, STATE_KEY
+from fedlightning.privacy.dp_sgd import DPSGD, EPSILON_METRIC, STATE_KEY, fit_plan
 from fedlightning.protocol import FitConfig, FitResult
 from fedlightning.seeding import derive_seed
 
@@ -101,8 +101,7 @@ class DPSGDFit:
             )
         self.x, self.y = batches.x, batches.y
         self.steps_per_epoch = max(len(batches), 1)
-        self.sample_rate = 1.0 / self.steps_per_epoch  # Opacus's DPDataLoader: 1 / len(loader)
-        self.total_steps = config.local_steps or config.local_epochs * self.steps_per_epoch
+        self.sample_rate, self.total_steps = fit_plan(self.steps_per_epoch, config)
         self.seed = seed
         self.device = device
 

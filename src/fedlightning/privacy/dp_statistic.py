@@ -20,7 +20,14 @@ from typing import Any, Literal
 import torch
 
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.privacy.accountant import MECHANISMS, PrivacyAccountant, calibrate_noise
+from fedlightning.privacy import bounds
+from fedlightning.privacy.accountant import (
+    DEFAULT,
+    LIBRARY,
+    MECHANISMS,
+    PrivacyAccountant,
+    calibrate_noise,
+)
 from fedlightning.privacy.client_dp_inner import server_update_refusal
 from fedlightning.privacy.client_dp_maths import (
     adaptive_clip_norm,
@@ -28,7 +35,7 @@ from fedlightning.privacy.client_dp_maths import (
     noised_mean,
     update_noise_multiplier,
 )
-from fedlightning.privacy.opacus_extra import require_opacus
+from fedlightning.privacy.opacus_extra import require_accountant, require_opacus
 from fedlightning.protocol import StateDict
 from fedlightning.seeding import derive_seed
 from fedlightning.server.functional import owner_counts
@@ -61,23 +68,30 @@ class NoisedMean(Statistic):
     one Gaussian mechanism with noise multiplier ``z`` (Theorem 1).
 
     Privacy: every round is one Poisson-subsampled Gaussian mechanism (noise multiplier ``z``,
-    rate ``q``), composed by Opacus's accountant. The noise is drawn on the server device from
-    ``(seed, round)``. ``target_epsilon`` (instead of ``noise_multiplier``) calibrates ``z`` once,
-    in :meth:`plan`, for ``loop.rounds`` rounds.
+    rate ``q``, sensitivity ``C_t`` of the sum over all keys, add/remove one client), composed by
+    the ``accountant`` (docs/algorithms.md section 7.3). The noise is drawn on the server device
+    from ``(seed, round)``: runs and resumes are reproducible, so the seed must stay secret in a
+    deployment. ``target_epsilon`` (instead of ``noise_multiplier``) calibrates ``z`` once, in
+    :meth:`plan`, for ``loop.rounds`` rounds with the same accountant
+    (:func:`~fedlightning.privacy.accountant.calibrate_noise`); a resume must keep
+    ``loop.rounds``. Start-up checks ``delta`` against the run's clients and that the accountant
+    bounds the planned rounds (:func:`~fedlightning.privacy.checks.check_privacy`).
 
-    State (declared): ``privacy_spent`` (Opacus' ``[z, q, rounds]`` history, never rolled back)
-    and ``current_clip`` (``C_t`` of the next round).
+    State (declared): ``privacy_spent`` (the accountant's ``[z, q, rounds]`` history, never rolled
+    back) and ``current_clip`` (``C_t`` of the next round).
 
     Args:
-        noise_multiplier: z > 0 (null: calibrated from ``target_epsilon``).
+        noise_multiplier: z in [0.3, 1e6] (null: calibrated from ``target_epsilon``).
         target_epsilon: the epsilon to spend over ``loop.rounds`` rounds (null: ``z`` given).
-        delta: delta in (0, 1), e.g. below 1 / num_clients.
-        clip_norm: C > 0, the L2 norm each client's update is clipped to (adaptive: its start).
+        delta: delta in (0, 1 / num_clients) (checked against the run's clients at start-up).
+        clip_norm: C in [1e-9, 1e9], the L2 norm each client's update is clipped to (adaptive:
+            its start).
         adaptive_clipping: move C towards the ``target_quantile`` of the update norms.
         target_quantile: gamma in (0, 1), the fraction of updates left unclipped.
-        clip_learning_rate: eta_C > 0 of the geometric update.
+        clip_learning_rate: eta_C in (0, 10] of the geometric update.
         count_noise_std: sigma_b > z / 2, the std of the clipped count's noise (null: m / 20).
-        accountant: ``rdp`` or ``prv`` (Opacus's RDPAccountant or PRVAccountant).
+        accountant: ``pld`` (dp-accounting's PLD, the tightest: default), ``prv`` or ``rdp``
+            (Opacus's PRVAccountant or RDPAccountant); docs/algorithms.md section 7.3.
     """
 
     owner_aware = True
@@ -96,7 +110,7 @@ class NoisedMean(Statistic):
         target_quantile: float = 0.5,
         clip_learning_rate: float = 0.2,
         count_noise_std: float | None = None,
-        accountant: Literal["rdp", "prv"] = "rdp",
+        accountant: Literal["pld", "prv", "rdp"] = DEFAULT,
     ) -> None:
         require_opacus("client-level differential privacy (NoisedMean, ClientLevelDP)")
         check_options(noise_multiplier, target_epsilon, delta, clip_norm, target_quantile,
@@ -136,8 +150,9 @@ class NoisedMean(Statistic):
         self.sampling_rate, self.rounds = float(sampling_rate), rounds
         if self.target_epsilon is not None:
             self.noise_multiplier = calibrate_noise(
-                self.target_epsilon, self.delta, self.sampling_rate, rounds, self.mechanism
-            )
+                self.target_epsilon, self.delta, self.sampling_rate, rounds, self.mechanism,
+                option=OPTION + "target_epsilon",
+            )  # fmt: skip
 
     @property
     def expected_clients(self) -> float:
@@ -221,7 +236,8 @@ class NoisedMean(Statistic):
         return (
             f"privacy: client-level (epsilon={self.epsilon():.4g}, delta={self.delta:g}) after "
             f"{self.accountant.steps} round(s): Poisson q={self.sampling_rate:.4g}, noise "
-            f"multiplier {self.noise_multiplier:.4g}, {self.mechanism} accountant (Opacus)"
+            f"multiplier {self.noise_multiplier:.4g}, {self.mechanism} accountant "
+            f"({LIBRARY[self.mechanism]})"
         )
 
     def on_load_state(self, state: dict[str, Any]) -> None:
@@ -262,19 +278,19 @@ def check_options(
         )
     positive = "a finite number > 0"
     if noise_multiplier is not None:
-        require(_positive(noise_multiplier), OPTION + "noise_multiplier", noise_multiplier,
-                f"{positive} (0 adds no noise: no privacy)")  # fmt: skip
+        bounds.require_noise_multiplier(OPTION + "noise_multiplier", noise_multiplier)
     if target_epsilon is not None:
         require(_positive(target_epsilon), OPTION + "target_epsilon", target_epsilon, positive)
     require(0 < delta < 1, OPTION + "delta", delta, "a number in (0, 1)")
-    require(_positive(clip_norm), OPTION + "clip_norm", clip_norm, positive)
+    bounds.require_clip_norm(OPTION + "clip_norm", clip_norm)
     require(0 < target_quantile < 1, OPTION + "target_quantile", target_quantile,
             "a number in (0, 1)")  # fmt: skip
-    require(_positive(clip_learning_rate), OPTION + "clip_learning_rate", clip_learning_rate,
-            positive)  # fmt: skip
+    bounds.require_clip_learning_rate(OPTION + "clip_learning_rate", clip_learning_rate)
     require(count_noise_std is None or _positive(count_noise_std),
             OPTION + "count_noise_std", count_noise_std, f"null or {positive}")  # fmt: skip
-    require(accountant in MECHANISMS, OPTION + "accountant", accountant, "'rdp' or 'prv'")
+    require(accountant in MECHANISMS, OPTION + "accountant", accountant,
+            " or ".join(map(repr, MECHANISMS)))  # fmt: skip
+    require_accountant(accountant, f"{OPTION}accountant={accountant!r}")
 
 
 def _positive(value: float) -> bool:

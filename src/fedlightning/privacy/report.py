@@ -1,29 +1,55 @@
 """What a run reports of the privacy it spent (docs/algorithms.md section 7.3): the client-level
-(epsilon, delta) of a :class:`~fedlightning.privacy.ClientLevelDP` aggregator, and the per-client
-epsilons of DP-SGD clients, as metrics columns and lines of the run summary."""
+(epsilon, delta) of an aggregator over the DP release (:class:`~fedlightning.privacy.ClientLevelDP`,
+or any with a :class:`~fedlightning.privacy.NoisedMean` statistic) and the per-client epsilons of
+DP-SGD clients, as metrics columns and lines of the run summary. A round component
+(docs/algorithms.md section 6.2): it reads each round's kept results and adds its columns to each
+evaluated row."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from fedlightning.privacy.dp_sgd import EPSILON_METRIC
+from fedlightning.privacy.accountant import LIBRARY
+from fedlightning.privacy.dp_sgd import DPSGD, EPSILON_METRIC
 from fedlightning.privacy.dp_statistic import private_release
 from fedlightning.protocol import FitResult
+from fedlightning.round_components import Round, RoundComponent, Row
 from fedlightning.server.base import Aggregator
 
 
-class PrivacyReport:
+class PrivacyReport(RoundComponent):
     """The per-client DP-SGD epsilons of a run (from each stored fit result's upload metric
     ``dp_sgd_epsilon``: the client's own accountant after its last fit), and the summary lines.
 
     Args:
-        dp_sgd_delta: the DP-SGD clients' delta (``None``: the run has no DP-SGD clients).
+        dp_sgd: the DP-SGD clients' options (``None``: the run has no DP-SGD clients).
+        aggregator: the run's aggregator (one over the DP release has a summary line).
+        num_clients: the run's number of clients.
     """
 
-    def __init__(self, dp_sgd_delta: float | None = None) -> None:
-        self.delta = dp_sgd_delta
+    name = "privacy"
+
+    def __init__(
+        self,
+        dp_sgd: DPSGD | None = None,
+        aggregator: Aggregator | None = None,
+        num_clients: int = 1,
+    ) -> None:
+        self.delta = dp_sgd.delta if dp_sgd is not None else None
+        self.accountant = dp_sgd.accountant if dp_sgd is not None else None
         self.epsilons: dict[int, float] = {}
+        self.aggregator = aggregator
+        self.num_clients = num_clients
+
+    def on_results(self, round: Round) -> None:
+        self.update(round.kept)
+
+    def on_evaluated(self, round: Round, row: Row) -> Row | None:
+        return {**row, **self.metrics(self.num_clients)}
+
+    def summary_lines(self) -> list[str]:
+        return self.lines(self.aggregator, self.num_clients)
 
     def update(self, results: Sequence[tuple[int, FitResult]]) -> None:
         """Take the round's results whose state the ClientStore keeps."""
@@ -44,7 +70,7 @@ class PrivacyReport:
             "dp_sgd_delta": self.delta,
         }
 
-    def lines(self, aggregator: Aggregator, num_clients: int) -> list[str]:
+    def lines(self, aggregator: Aggregator | None, num_clients: int) -> list[str]:
         """The run summary's privacy lines (none for a run without differential privacy)."""
         release = private_release(aggregator)
         lines = [release.summary_line()] if release is not None else []
@@ -54,7 +80,8 @@ class PrivacyReport:
             lines.append(
                 f"privacy: sample-level DP-SGD, per-client epsilon max {most:.4g}, mean "
                 f"{mean:.4g} over {num_clients} client(s) "
-                f"({len(self.epsilons)} trained), delta={self.delta:g} (Opacus accountant)"
+                f"({len(self.epsilons)} trained), delta={self.delta:g}, {self.accountant} "
+                f"accountant ({LIBRARY[self.accountant]})"
             )
         return lines
 

@@ -233,6 +233,14 @@ class Aggregator(ServerState, RecordsInitArgs, ABC):
         breakdown point (docs/algorithms.md section 8, "Breakdown points"). Nothing by default: a
         mean has no breakdown point, it is the baseline an attack breaks."""
 
+    def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
+        """Each round of a run with an attack, before aggregating: raise a ConfigurationError
+        when the round's ``byzantine`` malicious among its ``uploads`` uploads are beyond the
+        rule's breakdown point (the round then fails instead of aggregating). By default
+        :meth:`check_byzantine`'s test; a rule whose :meth:`check_byzantine` adopts the run's f
+        (Krum) overrides this to test the round against the f it adopted."""
+        self.check_byzantine(uploads, byzantine)
+
     def round_metrics(self) -> dict[str, float]:
         """Server-side statistics of the last aggregated round, added to the loop's metrics row
         (e.g. InCo's theta/beta); none by default."""

@@ -158,6 +158,15 @@ class FedAvg(Aggregator):
         if check is not None:
             check(per_round, byzantine)
 
+    def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
+        """The statistic's test of one round (``check_round_byzantine``; a statistic without it:
+        its ``check_byzantine``), so Krum tests the round against the f it adopted at start-up."""
+        check = getattr(self.statistic, "check_round_byzantine", None)
+        if check is None:
+            check = getattr(self.statistic, "check_byzantine", None)
+        if check is not None:
+            check(uploads, byzantine)
+
     @property
     def releases_every_round(self) -> bool:  # type: ignore[override]
         """Whether every round must be aggregated, also one with no upload (the statistic's: the

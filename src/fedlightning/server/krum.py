@@ -16,6 +16,8 @@ class MultiKrum(FedAvg):
     has the rule): the mean of the ``m`` uploads with the lowest Krum scores, ``m = n - f`` by
     default, ``f`` the run's attack's unless ``byzantine`` is set. A preset: the same as
     ``FedAvg(weighting=weighting, statistic=statistics.MultiKrum(byzantine, selected))``.
+    The breakdown checks, at start-up and each round of an attacked run (``check_byzantine``,
+    ``check_round_byzantine``), are the statistic's, read through the aggregator.
 
     Args:
         byzantine: f, the malicious uploads a round may hold; ``null``: the run's attack's.

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from fedlightning.errors import ConfigurationError
+import torch
+
+from fedlightning.errors import ConfigurationError, PluginError
 from fedlightning.protocol import StateDict, Upload
 
 
@@ -70,25 +72,33 @@ def merge_update(
     (and for buffer keys when ``updates_buffers``; otherwise a returned buffer value is ignored),
     ``server_round.mean``'s for every other key of the mean.
 
-    A returned key that no upload owns this round, or a value whose shape or dtype differs from
-    the mean's, is a bug of the hook (the state would silently change key set or dtype): a
-    ``ValueError`` naming ``aggregator`` and the key.
+    What the hook returns is checked before anything is folded in (docs/algorithms.md section
+    2.6): a mapping; no key that no upload owns this round (the state would silently change key
+    set); per key, a torch tensor of the mean's shape, dtype and device. A violation is a
+    :class:`~fedlightning.errors.PluginError` naming ``aggregator``, the round, the key, what
+    came and what was expected; the server state is untouched.
     """
-    out = dict(server_round.mean)
+    where = f"{aggregator}.server_update (round {server_round.index + 1})"
+    if not isinstance(update, Mapping):
+        raise PluginError(
+            f"{where} returned {describe(update)}: expected a dict of tensors keyed like "
+            "server_round.mean"
+        )
     for key, value in update.items():
         mean = server_round.mean.get(key)
         if mean is None:
-            raise ValueError(
-                f"{aggregator}.server_update returned {key!r}, which no upload owns in round "
+            raise PluginError(
+                f"{where} returned {key!r}, which no upload owns in round "
                 f"{server_round.index + 1}: return values only for keys of server_round.mean "
                 "(unowned keys stay unchanged)"
             )
-        if value.shape != mean.shape or value.dtype != mean.dtype:
-            raise ValueError(
-                f"{aggregator}.server_update returned {key!r} as {value.dtype} "
-                f"{tuple(value.shape)}, but the server state holds {mean.dtype} "
-                f"{tuple(mean.shape)}"
+        if not _like(value, mean):
+            raise PluginError(
+                f"{where} returned {key!r} as {describe(value)}, but the server state holds "
+                f"{describe(mean)}: return a tensor like server_round.mean[{key!r}]"
             )
+    out = dict(server_round.mean)
+    for key, value in update.items():
         if updates_buffers or key in server_round.parameters:
             out[key] = value
     return out
@@ -111,3 +121,33 @@ class Withheld:
         )
 
     __getitem__ = __iter__ = __len__ = __contains__ = get = keys = values = items = _refuse
+
+
+def _like(value: object, mean: torch.Tensor) -> bool:
+    return (
+        isinstance(value, torch.Tensor)
+        and value.shape == mean.shape
+        and value.dtype == mean.dtype
+        and value.device == mean.device
+    )
+
+
+def describe(value: object) -> str:
+    """What ``value`` is, in words that tell torch from numpy: ``a torch.Tensor of dtype
+    torch.float32, shape (32, 64), on cpu``; ``a numpy.ndarray of dtype numpy.float32, shape
+    (32, 64)``; ``a builtins.list``.
+
+    >>> describe(torch.zeros(2, 3))
+    'a torch.Tensor of dtype torch.float32, shape (2, 3), on cpu'
+    """
+    if isinstance(value, torch.Tensor):
+        return (
+            f"a torch.Tensor of dtype {value.dtype}, shape {tuple(value.shape)}, on {value.device}"
+        )
+    kind = type(value)
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", None)
+    if dtype is not None and shape is not None:  # numpy and other array libraries
+        module = kind.__module__.split(".")[0]
+        return f"a {module}.{kind.__qualname__} of dtype {module}.{dtype}, shape {tuple(shape)}"
+    return f"a {name}"

@@ -47,3 +47,6 @@ class WrappingAggregator(Aggregator):
 
     def check_byzantine(self, per_round: int, byzantine: int) -> None:
         self.inner.check_byzantine(per_round, byzantine)
+
+    def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
+        self.inner.check_round_byzantine(uploads, byzantine)

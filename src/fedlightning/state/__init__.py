@@ -22,13 +22,14 @@ class ClientStore:
     CPU so that nothing stays on the accelerator between rounds.
 
     ``mode="disk"`` keeps each client's state in its own file under ``directory`` and, in memory,
-    one integer per client (:class:`~fedlightning.state.disk.DiskStates`): memory and checkpoints
+    two integers per client (:class:`~fedlightning.state.disk.DiskStates`): memory and checkpoints
     stay the same size however many clients hold state. Files are never overwritten in place:
     every ``put`` writes a new version, and :meth:`commit` (called once a checkpoint is safely
     written) deletes the versions that checkpoint no longer needs, so a run killed at any moment
     finds the files its last checkpoint names. :meth:`open` (the loop calls it before the first
-    round, under the run directory's lock) deletes the files of a run killed before its next
-    checkpoint.
+    round, under the run directory's lock) takes the folder's own lock until :meth:`close` and
+    deletes the files of a run killed before its next checkpoint; each file carries its client's
+    id and is checked against its content digest when read.
 
     Args:
         mode: ``memory`` or ``disk``.
@@ -72,10 +73,22 @@ class ClientStore:
             return isinstance(client_id, int | np.integer) and self._disk.version_of(client_id) > 0
         return client_id in self._states
 
+    def check(self) -> None:
+        """At start-up, before anything is written (disk mode): refuse a folder this run cannot
+        own (a symbolic link, or one another live run holds), naming it."""
+        if self._disk is not None:
+            self._disk.check()
+
     def open(self) -> None:
-        """Before the first round (disk mode): delete the state files no checkpoint needs."""
+        """Before the first round (disk mode): take the folder's lock for the run and delete the
+        state files no checkpoint needs."""
         if self._disk is not None:
             self._disk.open()
+
+    def close(self) -> None:
+        """When the run ends (disk mode): release the folder's lock."""
+        if self._disk is not None:
+            self._disk.close()
 
     def commit(self, state: dict[str, Any] | None = None) -> None:
         """Once the checkpoint holding ``state`` (a :meth:`state_dict`; default: the current

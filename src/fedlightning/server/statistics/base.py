@@ -18,6 +18,9 @@ optional and read with a default:
   some upload owns (keys no upload owns are left out and stay unchanged).
 - ``check_byzantine(per_round, byzantine)``: refuse an attack beyond the statistic's breakdown
   point (docs/algorithms.md section 8, "Breakdown points"); nothing by default (a mean has none).
+- ``check_round_byzantine(uploads, byzantine)``: the same test for one round of an attacked run,
+  before it aggregates (a round beyond it fails instead); ``check_byzantine``'s by default, and a
+  statistic that adopts the run's f at start-up (Krum) tests the round against the f it adopted.
 - ``weighted_mean`` (default ``False``): the statistic is the owner-aware weighted mean of the
   uploads as they are, so SecAgg+ can compute it from their sum and client-level DP may replace
   it by its private release.
@@ -108,6 +111,11 @@ class Statistic(ServerState, RecordsInitArgs, ABC):
 
     def check_byzantine(self, per_round: int, byzantine: int) -> None:  # noqa: B027 (optional)
         """Refuse ``byzantine`` malicious of ``per_round`` uploads beyond the breakdown point."""
+
+    def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
+        """Refuse one round of ``uploads`` uploads, ``byzantine`` of them malicious, beyond the
+        breakdown point; :meth:`check_byzantine`'s test by default."""
+        self.check_byzantine(uploads, byzantine)
 
     def check_aggregator(self, aggregator: Any) -> None:  # noqa: B027 (optional)
         """Refuse an aggregator this statistic cannot serve; nothing by default."""

@@ -42,11 +42,13 @@ class MultiKrum(Statistic):
     under ``weighting: samples`` (Flower's ``aggregate_krum``). Krum is ``m = 1``. Distances
     between whole uploads need every client to own the same keys.
 
-    ``f`` is ``byzantine``, or (``None``) the most malicious clients any round of the run holds
+    ``f`` is ``byzantine``, or (``None``) the most malicious clients a round of the run can hold
     under ``loop.attack`` (0 without one), handed over at start-up (:meth:`check_byzantine`), which
-    refuses ``n <= 2f + 2`` (Proposition 1) and an explicit ``byzantine`` below the attack's f. A
-    round left with ``n <= 2f + 2`` uploads by failed clients is scored with
-    ``max(n - f - 2, 1)`` neighbours and a warning.
+    refuses ``n <= 2f + 2`` (Proposition 1) and an explicit ``byzantine`` below the attack's f.
+    Under an attack, a round left with ``n <= 2f + 2`` uploads (failed clients, Poisson sampling)
+    fails instead of aggregating (:meth:`check_round_byzantine`, which the loop calls through the
+    aggregator); without one (an explicit ``byzantine``), it is scored with ``max(n - f - 2, 1)``
+    neighbours and a warning.
 
     Args:
         byzantine: f, the malicious uploads a round may hold; ``null``: the run's attack's.
@@ -80,12 +82,18 @@ class MultiKrum(Statistic):
                 f"must assume f >= {byzantine} (null adopts the attack's)"
             )
         self.attack_byzantine = byzantine
+        self.check_round_byzantine(per_round, byzantine)
+
+    def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
+        """A round of ``uploads`` uploads, ``byzantine`` of them malicious (at most the f
+        :meth:`check_byzantine` adopted, the most a round can hold): Krum scores with that f, so
+        it needs ``n > 2f + 2`` and ``selected <= n - f`` for it, whatever this round holds."""
         f = self.assumed_byzantine
         if f:
-            require_krum(self.option, per_round, f)
-        if self.selected is not None and self.selected > per_round - f:
+            require_krum(self.option, uploads, f)
+        if self.selected is not None and self.selected > uploads - f:
             raise ConfigurationError(
-                f"{self.options_path}.selected={self.selected} exceeds n - f = {per_round} - "
+                f"{self.options_path}.selected={self.selected} exceeds n - f = {uploads} - "
                 f"{f}: {self.option} would have to average malicious uploads"
             )
 

@@ -1,0 +1,155 @@
+"""``fedlightning test RUN_DIR``: score a run's saved deployables on the test set.
+
+The objective and the data come from ``RUN_DIR/config.yaml``; the deployables from
+``RUN_DIR/models.pt`` (a finished run, :mod:`fedlightning.loop.deployables`) or, without it, from
+``RUN_DIR/last.ckpt`` (a checkpointed run: the aggregator's state restored as a resume restores
+it). Every deployable is scored by the run's scoring path (:mod:`fedlightning.loop.scoring_model`,
+:class:`~fedlightning.loop.evaluation.Evaluator`; docs/algorithms.md section 6.1) on the run's
+device and precision, so the table shows the numbers the run logged at that round (``metrics.csv``
+is compared, and a difference is named: a run evaluated before evaluation scored in eval mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedlightning.cli import FederatedCLI
+from fedlightning.compute import Compute
+from fedlightning.errors import ConfigurationError
+from fedlightning.loop.checkpoint import read_checkpoint
+from fedlightning.loop.deployables import MODELS_FILE, read_models
+from fedlightning.loop.evaluation import Evaluator
+from fedlightning.loop.scoring_model import SavedModel, ScoringModel
+from fedlightning.loop.startup import prepare_run
+from fedlightning.training import quiet_lightning
+
+#: loop options a resume may change (fedlightning.loop.identity) that would write or open anything
+QUIET = {"loggers": None, "wandb": False, "plots": False, "progress_bar": False}
+
+
+def test_command(argv: list[str]) -> None:
+    """Parse ``argv`` (the arguments after ``test``), score the run and print the table."""
+    parser = argparse.ArgumentParser(
+        prog="fedlightning test",
+        description="Score a run's saved deployables (models.pt, or last.ckpt) on the test set, "
+        "through the scoring path of a run's evaluation.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished or checkpointed run")
+    run_dir = Path(parser.parse_args(argv).run_dir)
+    saved, checkpoint = _saved(run_dir)
+    sys.argv = sys.argv[:1]  # the arguments are the config's (LightningCLI warns about both)
+    cli = FederatedCLI(args=_config(run_dir), run=False)
+    loop, model, dm = cli.trainer, cli.model, cli.datamodule
+    if saved is not None:
+        rounds, models = saved
+        dm.setup("fit")
+        with quiet_lightning():
+            compute = Compute.resolve(loop.fit_config.accelerator, loop.precision)
+        scoring = ScoringModel.for_run(model, compute)
+        loaders = {name: functools.partial(scoring.load_saved, e) for name, e in models.items()}
+        architectures = {name: entry["architecture"] for name, entry in models.items()}
+        source = f"{MODELS_FILE} (round {rounds})"
+    else:
+        run = prepare_run(loop.start_options(), model, dm, str(checkpoint))
+        scoring, deployables = run.scoring, loop.aggregator.deployables()
+        scoring.prepare(loop.store, deployables)
+        loaders = {name: functools.partial(scoring.load, w) for name, w in deployables.items()}
+        architectures = {name: scoring.architecture(w) for name, w in deployables.items()}
+        rounds = run.first_round
+        source = f"last.ckpt (round {rounds})"
+    results = Evaluator(scoring).test_models(loaders, dm.test_dataloader)
+    print(_table(run_dir, source, dm, architectures, results, _logged(run_dir, rounds)))
+
+
+def _saved(run_dir: Path) -> tuple[tuple[int, dict[str, SavedModel]] | None, Path | None]:
+    """``(models.pt's round and entries, None)`` of a finished run, ``(None, last.ckpt)`` of a
+    checkpointed one; any problem is a one-line ConfigurationError."""
+    if not run_dir.is_dir():
+        raise ConfigurationError(f"RUN_DIR={str(run_dir)!r} is not a directory")
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigurationError(
+            f"RUN_DIR={str(run_dir)!r} holds no config.yaml: not a fedlightning fit run directory"
+        )
+    if (run_dir / MODELS_FILE).is_file():
+        return read_models(run_dir / MODELS_FILE), None
+    if (run_dir / "last.ckpt").is_file():
+        read_checkpoint(str(run_dir / "last.ckpt"))  # a bad file: one line
+        return None, run_dir / "last.ckpt"
+    raise ConfigurationError(
+        f"RUN_DIR={str(run_dir)!r} holds neither {MODELS_FILE} (a finished run) nor last.ckpt (a "
+        "checkpointed one): nothing to score"
+    )
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    """The run's config groups, with the run directory as given and nothing that logs or plots."""
+    path = run_dir / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ConfigurationError(f"{path} cannot be read: {error}") from None
+    if not isinstance(config, dict) or not all(
+        isinstance(config.get(group), dict) for group in ("loop", "model", "data")
+    ):
+        raise ConfigurationError(f"{path} is not a fit run's config (loop, model and data)")
+    config = {group: dict(config[group]) for group in ("loop", "model", "data")}
+    config["loop"].update(QUIET, run_dir=str(run_dir))
+    return config
+
+
+def _logged(run_dir: Path, rounds: int) -> dict[str, float]:
+    """The test metrics of ``metrics.csv``'s row of round ``rounds`` (empty: no such row)."""
+    try:
+        with open(run_dir / "metrics.csv", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except OSError:
+        return {}
+    for row in rows:
+        if row.get("round") and int(float(row["round"])) == rounds:
+            tested = {k: v for k, v in row.items() if k.endswith(("test_acc", "test_loss"))}
+            return {**{k: float(v) for k, v in tested.items() if v}, "round": float(rounds)}
+    return {}
+
+
+def _table(
+    run_dir: Path,
+    source: str,
+    dm: Any,
+    architectures: dict[str, str | None],
+    results: dict[str, float],
+    logged: dict[str, float],
+) -> str:
+    """The printed table, and one line on how the numbers compare with ``metrics.csv``."""
+    lines = [f"{run_dir}: {source}, scored on the {dm.dataset} test set"]
+    width = max(len(name) for name in (*architectures, "model"))
+    arch_width = max(len(str(a)) for a in (*architectures.values(), "architecture"))
+    lines.append(f"{'model':<{width}}  {'architecture':<{arch_width}}  test_acc  test_loss")
+    for name, architecture in architectures.items():
+        prefix = "" if name == "global" else f"{name}/"
+        acc, loss = results[f"{prefix}test_acc"], results[f"{prefix}test_loss"]
+        lines.append(f"{name:<{width}}  {str(architecture):<{arch_width}}  {acc:8.4f}  {loss:9.4f}")
+    if "group_mean_acc" in results:
+        lines.append(f"group_mean_acc {results['group_mean_acc']:.4f}")
+    if not logged:
+        lines.append("metrics.csv has no row for this round to compare with")
+        return "\n".join(lines)
+    differ = [
+        f"{key} {logged[key]:.4f} (now {value:.4f})"
+        for key, value in results.items()
+        if key in logged
+        and not (logged[key] == value or math.isnan(logged[key]) and math.isnan(value))
+    ]
+    rounds = int(logged["round"])
+    if differ:
+        lines.append(f"metrics.csv round {rounds} logged otherwise: {', '.join(differ)}")
+    else:
+        lines.append(f"metrics.csv round {rounds}: the same numbers")
+    return "\n".join(lines)

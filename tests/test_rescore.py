@@ -1,0 +1,223 @@
+"""Every number a run logs is its saved models' (docs/algorithms.md section 6.1; issue 30 item 1).
+
+For every config under configs/ that ``fit`` runs on the bundled data (CoFED's have no rounds,
+configs/experiments/ needs CIFAR), shrunk to 2 rounds of 2 local steps, on the sequential and the
+cohort backends: every logged ``test_acc``/``test_loss`` (the global model's and each deployable's,
+``<name>/test_acc``) and ``group_mean_acc`` equals the run's ``models.pt`` re-scored here by an
+independent scorer: a fresh network from the registry, ``load_state_dict``, ``eval()``, a plain
+loop over the test set. The heterogeneous BatchNorm configs (ResNet groups) are the ones the old
+evaluation got wrong (groups scored in train mode). ``fedlightning test RUN_DIR`` prints the same
+numbers, from ``models.pt`` and from ``last.ckpt``, and refuses what is not a run in one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from fedlightning.cli import main
+from fedlightning.clients.moon import ProjectedNetwork
+from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.models import create_model
+
+ROOT = Path(__file__).parents[1]
+CONFIGS = sorted(
+    p
+    for p in [*(ROOT / "configs").glob("*.yaml"), *(ROOT / "configs/inco_baselines").glob("*.yaml")]
+    if not p.name.startswith("cofed")
+)
+BACKENDS = ("SequentialBackend", "CohortBackend")
+#: the default suite's share: a heterogeneous BatchNorm run on both backends, FML's adaptor heads
+#: (a scoring module of its own) and a homogeneous run; the rest is slow
+FAST = {
+    ("heteroavg_resnet", "SequentialBackend"),
+    ("heteroavg_resnet", "CohortBackend"),
+    ("fml_heads", "SequentialBackend"),
+    ("fedavg", "CohortBackend"),
+}
+TINY = [
+    "--loop.rounds", "2", "--loop.local_steps", "2", "--loop.eval_every", "2",
+    "--loop.progress_bar", "false", "--loop.plots", "false", "--loop.num_threads", "1",
+]  # fmt: skip
+#: fewer clients for the ResNet groups (one per group and round is enough to train every group)
+HETERO = ["--loop.clients_per_round", "5", "--data.num_clients", "10"]
+
+
+def _fit(config: Path, backend: str, run_dir: Path) -> None:
+    extra = HETERO if "networks" in config.read_text() else []
+    sys.argv = ["fedlightning"]
+    main(["fit", "-c", str(config), "--loop.run_dir", str(run_dir), "--loop.backend", backend,
+          *TINY, *extra])  # fmt: skip
+
+
+class _Headed(nn.Module):
+    """A backbone and a linear head, as FML with adaptor heads scores (``backbone.*``, ``head.*``)."""
+
+    def __init__(self, backbone: nn.Module, features: int, classes: int) -> None:
+        super().__init__()
+        self.backbone, self.head = backbone, nn.Linear(features, classes)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+def _fresh(architecture: str, model: dict) -> nn.Module:
+    """A fresh network of ``architecture`` as the run's objective (config.yaml) builds it."""
+    args = model["init_args"]
+    shape = (args["in_channels"], args["image_size"])
+    kwargs = args.get("network_kwargs") or {}
+    if args.get("adaptor_features"):  # FML with adaptor heads: the backbone and the assembled head
+        backbone = create_model(architecture, args["adaptor_features"], *shape, **kwargs)
+        return _Headed(backbone, args["adaptor_features"], args["num_classes"])
+    network = create_model(architecture, args["num_classes"], *shape, **kwargs)
+    if model["class_path"].endswith("MOON"):
+        return ProjectedNetwork(network, args["num_classes"], args["projection_dim"])
+    return network
+
+
+def rescore(run_dir: Path) -> dict[str, float]:
+    """``models.pt`` scored independently: ``<name>/test_acc`` (plain for ``global``), the mean
+    cross-entropy ``test_loss`` and, with several groups, their mean ``group_mean_acc``."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    dm = FederatedDataModule(**config["data"])
+    dm.setup("fit")
+    saved = torch.load(run_dir / "models.pt", weights_only=True)
+    results: dict[str, float] = {}
+    for name, entry in saved["models"].items():
+        network = _fresh(entry["architecture"], config["model"])
+        network.load_state_dict(entry["state_dict"])
+        network.eval()
+        correct, loss, count = 0, 0.0, 0
+        with torch.no_grad():
+            for x, y in dm.test_dataloader():
+                logits = network(x.float())
+                correct += int((logits.argmax(dim=1) == y).sum())
+                loss += float(F.cross_entropy(logits, y, reduction="sum"))
+                count += len(y)
+        prefix = "" if name == "global" else f"{name}/"
+        results[f"{prefix}test_acc"], results[f"{prefix}test_loss"] = correct / count, loss / count
+    groups = config["model"]["init_args"].get("networks") or []
+    if len(groups) > 1:
+        results["group_mean_acc"] = sum(results[f"{g}/test_acc"] for g in groups) / len(groups)
+    return results
+
+
+def _last_row(run_dir: Path) -> dict[str, float]:
+    with open(run_dir / "metrics.csv") as handle:
+        row = list(csv.DictReader(handle))[-1]
+    return {
+        k: float(v) for k, v in row.items() if v and re.search(r"test_(acc|loss)$|group_mean", k)
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each (config, backend) run, fitted once for the module's tests."""
+    done: dict[tuple[str, str], Path] = {}
+
+    def get(stem: str, backend: str) -> Path:
+        if (stem, backend) not in done:
+            config = next(p for p in CONFIGS if p.stem == stem)
+            run_dir = tmp_path_factory.mktemp(f"{stem}-{backend}")
+            _fit(config, backend, run_dir)
+            done[stem, backend] = run_dir
+        return done[stem, backend]
+
+    return get
+
+
+CASES = [
+    pytest.param(
+        config.stem, backend, marks=() if (config.stem, backend) in FAST else pytest.mark.slow,
+        id=f"{config.stem}-{backend}",
+    )
+    for config in CONFIGS
+    for backend in BACKENDS
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("stem", "backend"), CASES)
+def test_logged_test_metrics_are_the_saved_models_rescored(runs, stem, backend):
+    run_dir = runs(stem, backend)
+    logged, rescored = _last_row(run_dir), rescore(run_dir)
+    assert set(logged) == set(rescored), "every scored model is saved in models.pt, and only those"
+    for key, value in rescored.items():
+        assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def _test_command(capsys, run_dir: Path) -> tuple[int, str, str]:
+    sys.argv = ["fedlightning"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", str(run_dir)])
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exit_info.value.code, out.out, out.err
+
+
+def _printed(out: str) -> dict[str, float]:
+    """The table's numbers as ``metrics.csv`` names them."""
+    printed = {}
+    for line in out.splitlines():
+        if match := re.match(r"^(\S+)\s+\S+\s+(\d\.\d{4})\s+(\d+\.\d{4})$", line):
+            prefix = "" if match[1] == "global" else f"{match[1]}/"
+            printed[f"{prefix}test_acc"] = float(match[2])
+            printed[f"{prefix}test_loss"] = float(match[3])
+        elif match := re.match(r"^group_mean_acc (\d\.\d{4})$", line):
+            printed["group_mean_acc"] = float(match[1])
+    return printed
+
+
+def test_the_test_command_prints_what_the_run_logged(runs, capsys, tmp_path):
+    """On a BatchNorm heterogeneous run: from models.pt, then from last.ckpt alone (a run that
+    was stopped before its end), the numbers of metrics.csv's last row."""
+    finished = runs("heteroavg_resnet", "SequentialBackend")
+    logged = _last_row(finished)
+    checkpointed = tmp_path / "checkpointed"
+    shutil.copytree(finished, checkpointed)
+    (checkpointed / "models.pt").unlink()
+    (checkpointed / "global.pt").unlink()
+    for run_dir, source in (
+        (finished, "models.pt (round 2)"),
+        (checkpointed, "last.ckpt (round 2)"),
+    ):
+        code, out, err = _test_command(capsys, run_dir)
+        assert code == 0, err
+        assert source in out and "metrics.csv round 2: the same numbers" in out, out
+        printed = _printed(out)
+        assert set(printed) == set(logged) and "resnet14/test_acc" in printed
+        assert all(printed[k] == pytest.approx(v, abs=5e-5) for k, v in logged.items()), out
+    (checkpointed / "metrics.csv").write_text("round,test_acc\n2,0.5\n")
+    _, out, _ = _test_command(capsys, checkpointed)
+    assert "metrics.csv round 2 logged otherwise: test_acc 0.5000 (now " in out
+
+
+def test_the_test_command_refuses_what_is_not_a_run_in_one_line(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", "--help"])
+    assert exit_info.value.code == 0 and "usage: fedlightning test [-h] RUN_DIR" in (
+        capsys.readouterr().out
+    )
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "configured").mkdir()
+    (tmp_path / "configured" / "config.yaml").write_text("loop: {}\nmodel: {}\ndata: {}\n")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.yaml").write_text("loop: {}\nmodel: {}\ndata: {}\n")
+    (tmp_path / "broken" / "models.pt").write_bytes(b"not a file torch wrote")
+    for run_dir, message in (
+        (tmp_path / "missing", "is not a directory"),
+        (tmp_path / "empty", "holds no config.yaml: not a fedlightning fit run directory"),
+        (tmp_path / "configured", "holds neither models.pt (a finished run) nor last.ckpt"),
+        (tmp_path / "broken", "models.pt cannot be read"),
+    ):
+        code, out, err = _test_command(capsys, run_dir)
+        assert code == 2 and not out, (out, err)
+        assert err.count("\n") == 1 and message in err, err
