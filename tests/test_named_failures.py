@@ -51,7 +51,7 @@ def test_an_aggregator_state_no_checkpoint_can_hold_is_named_before_the_first_ch
     run_dir = tmp_path / "run"
     line = _fails(cli, capsys, run_dir, "--loop.aggregator", "user_clients.UnpicklableState")
     assert line == (
-        "fedlightning: stopped: UnpicklableState.state_dict()['guard'] cannot go into the "
+        "fedlightning: stopped: UnpicklableState.state_dict()['guard'][0] cannot go into the "
         "checkpoint of round 1: it is a _thread.lock, which cannot be pickled (TypeError: cannot "
         "pickle '_thread.lock' object); an aggregator's state holds tensors, numbers, strings "
         "and dicts, lists or tuples of them"

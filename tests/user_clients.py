@@ -301,11 +301,16 @@ class WrongServerUpdate(FedAvg):
 
 
 class UnpicklableState(FedAvg):
-    """An aggregator whose state holds a lock, which no checkpoint can hold: the run must stop
-    naming it and the key before its first checkpoint."""
+    """An aggregator whose declared state comes to hold a lock, which no checkpoint can hold:
+    the run must stop naming it and the key before its first checkpoint."""
 
-    def state_dict(self):
-        return {**super().state_dict(), "guard": threading.Lock()}
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_state("guard", [])
+
+    def server_update(self, server_round):
+        self.guard.append(threading.Lock())
+        return super().server_update(server_round)
 
 
 # -- the state contract (docs/algorithms.md section 2.6): plug-ins as users write them -----------
