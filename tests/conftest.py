@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import sys
 from pathlib import Path
@@ -9,6 +10,18 @@ import pytest
 import torch
 
 from fedlightning.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _fedlightning_log_level():
+    """The ``fedlightning`` logger's level as each test found it: the experiment scripts quiet it
+    (``setLevel(ERROR)``) when a test runs their ``main`` in-process, which would hide the
+    warnings a later test reads."""
+    log = logging.getLogger("fedlightning")
+    level = log.level
+    yield
+    log.setLevel(level)
+
 
 # One intra-op thread: the tiny models here gain nothing from more, several test processes
 # (notebook kernels, killed runs) share the cores, and torch 2.14.1's CPU kernels corrupted the heap

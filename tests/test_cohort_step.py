@@ -59,6 +59,10 @@ def _fit(model, tmp_path, num_clients=4, partition="iid", rounds=1, **kwargs):
 
 
 class Recording(FedAvg):
+    """FedAvg that keeps the uploads for the test to read (read by no later round: transient)."""
+
+    transient_attributes = FedAvg.transient_attributes | {"seen"}
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.seen = {}

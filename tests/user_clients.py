@@ -301,16 +301,16 @@ class WrongServerUpdate(FedAvg):
 
 
 class UnpicklableState(FedAvg):
-    """An aggregator whose declared state holds a lock, which no checkpoint can hold: the run must
-    stop naming it and the key before its first checkpoint."""
+    """An aggregator whose declared state comes to hold a lock, which no checkpoint can hold:
+    the run must stop naming it and the key before its first checkpoint."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.add_state("guard", [])
 
-    def on_setup(self, initial):
-        super().on_setup(initial)
-        self.guard = [threading.Lock()]
+    def server_update(self, server_round):
+        self.guard.append(threading.Lock())
+        return super().server_update(server_round)
 
 
 # -- the state contract (docs/algorithms.md section 2.6): plug-ins as users write them -----------

@@ -37,31 +37,14 @@ from fedlightning.lazy import lazy_exports
 
 #: the public names, each imported from its module on first use (:mod:`fedlightning.lazy`), so
 #: that ``fedlightning --version``, ``--help`` and ``list`` import no Lightning
-EXPORTS = {
-    "ClientModule": "fedlightning.clients.base",
-    "FML": "fedlightning.clients.mutual",
-    "FedNovaClient": "fedlightning.clients.fednova",
-    "FedProx": "fedlightning.clients.fedprox",
-    "MOON": "fedlightning.clients.moon",
-    "ScaffoldClient": "fedlightning.clients.scaffold",
-    "FederatedDataModule": "fedlightning.data.datamodule",
-    "ConfigurationError": "fedlightning.errors",
-    "FederatedLoop": "fedlightning.loop.core",
-    "create_model": "fedlightning.models",
-    "list_models": "fedlightning.models",
-    "register_model": "fedlightning.models",
-    "Payload": "fedlightning.protocol",
-    "Upload": "fedlightning.protocol",
-    "Aggregator": "fedlightning.server.base",
-    "FedAdam": "fedlightning.server.fedadam",
-    "FedAvg": "fedlightning.server.fedavg",
-    "FedAvgM": "fedlightning.server.fedavgm",
-    "FedCross": "fedlightning.server.fedcross",
-    "FedNova": "fedlightning.server.fednova",
-    "InCo": "fedlightning.server.inco",
-    "Scaffold": "fedlightning.server.scaffold",
-    "ClientStore": "fedlightning.state",
-}
-__all__ = sorted(EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".clients.base": "ClientModule", ".clients.mutual": "FML", ".clients.moon": "MOON",
+    ".clients.fednova": "FedNovaClient", ".clients.fedprox": "FedProx", ".errors": "ConfigurationError",
+    ".clients.scaffold": "ScaffoldClient", ".data.datamodule": "FederatedDataModule",
+    ".loop.core": "FederatedLoop", ".models": "create_model list_models register_model",
+    ".protocol": "Payload Upload", ".state": "ClientStore", ".server.base": "Aggregator",
+    ".server.fedadam": "FedAdam", ".server.fedavg": "FedAvg", ".server.fedavgm": "FedAvgM",
+    ".server.fedcross": "FedCross", ".server.fednova": "FedNova", ".server.inco": "InCo",
+    ".server.scaffold": "Scaffold",
+})  # fmt: skip
 __version__ = "0.1.0"

@@ -23,10 +23,16 @@ from fedlightning.gc_tuning import gc_paused
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, str]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of ``package`` (its ``__name__``) whose public
-    attributes ``exports`` maps to the modules defining them."""
+    package: str, modules: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """The ``__getattr__``, ``__dir__`` and ``__all__`` of ``package`` (its ``__name__``), whose
+    public attributes ``modules`` lists by defining module: ``{".fedprox": "FedProx", ...}``, a
+    module relative to ``package`` and the space-separated names it defines."""
+    exports = {
+        name: importlib.util.resolve_name(module, package)
+        for module, names in modules.items()
+        for name in names.split()
+    }
 
     def __getattr__(name: str) -> Any:
         if name in exports:
@@ -41,7 +47,7 @@ def lazy_exports(
     def __dir__() -> list[str]:
         return sorted({*vars(sys.modules[package]), *exports})
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(exports)
 
 
 def _imported(module: str) -> Any:

@@ -9,13 +9,7 @@ floating-point reassociation (see :mod:`fedlightning.backends.base` for where th
 from fedlightning.lazy import lazy_exports
 
 #: public name -> its module, imported on first use (fedlightning.lazy: no Lightning before)
-EXPORTS = {
-    "AutoBackend": "fedlightning.backends.auto",
-    "Backend": "fedlightning.backends.base",
-    "CohortBackend": "fedlightning.backends.cohort",
-    "FlowerBackend": "fedlightning.backends.flower",
-    "RayBackend": "fedlightning.backends.ray",
-    "SequentialBackend": "fedlightning.backends.sequential",
-}
-__all__ = list(EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    ".auto": "AutoBackend", ".base": "Backend", ".cohort": "CohortBackend",
+    ".flower": "FlowerBackend", ".ray": "RayBackend", ".sequential": "SequentialBackend",
+})  # fmt: skip
