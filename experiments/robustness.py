@@ -34,7 +34,7 @@ several processes may share the file). The tables (one per attack, mean ± std o
     python experiments/robustness.py --attacks sign_flip --fractions 0.2 --seeds 0 \\
         --aggregators fedavg krum median                            # a quick look
     python experiments/robustness.py --setting many_aggregations --jobs 2   # the second table
-    python experiments/robustness.py --setting many_aggregations --rounds 5 --seeds 0 \
+    python experiments/robustness.py --setting many_aggregations --rounds 5 --seeds 0 \\
         --aggregators fedavg cc_momentum       # a smoke test (fewer rounds: its output says so)
 """
 
@@ -135,8 +135,8 @@ def setting(args: argparse.Namespace) -> str:
         f"{args.dataset} N={args.num_clients} K={args.clients_per_round} R={args.rounds} "
         f"E={args.local_epochs} lr={args.lr} hidden={args.hidden} partition={args.partition}"
     )
-    if args.setting == "epochs":  # the first table's key, unchanged so its rows are reused
-        return text
+    if (args.local_steps, args.client_momentum, args.radius) == (None, 0.5, 0.25):
+        return text  # the first table's key, unchanged so its rows are reused
     return f"{text} steps={args.local_steps} rho={args.client_momentum} radius={args.radius}"
 
 
