@@ -3,24 +3,20 @@ need data sets on disk) runs at its defaults, on one torch thread as the whole s
 (conftest.py), and ends at the accuracy its header's ``# Checked:`` line states::
 
     # Checked: test_acc 0.9611 ± 0.04 (...)            the last round's logged value
-    # Checked: group_mean_acc 0.7861 ± 0.06, global.pt re-scored in eval mode (...)
-    # Checked: group_mean_acc to be re-measured after the eval-mode fix (...)
+    # Checked: group_mean_acc to be re-measured (...)    no figure yet: skipped, saying why
 
 A tolerance is max(0.02, twice the standard deviation of the run's last five evaluations), rounded
 up to a hundredth: the run is deterministic on one machine, and the tolerance allows for another
 machine's rounding, which moves the last round within the run's own round-to-round swing.
 
-Heterogeneous BatchNorm runs log accuracies that score some groups' networks in train mode until
-the eval-mode fix (issue 30), so their figure is the saved global model scored here in eval mode
-(:func:`eval_mode_scores`), or, where a group's model is not in global.pt (FedAvg within groups),
-a skip until the fix. CoFED configs run through ``fedlightning cofed`` and check summary.json.
+Every logged accuracy is the saved models scored in eval mode (docs/algorithms.md section 6.1;
+tests/test_rescore.py re-scores every config's models independently, on both backends). CoFED configs run through ``fedlightning cofed`` and check summary.json.
 Each test prints its value and CPU time (``pytest -s``): the headers' CPU times come from here.
 """
 
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import re
 import sys
@@ -29,14 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from fedlightning.cli import main
-from fedlightning.data import FederatedDataModule
 
-RESCORED = "global.pt re-scored in eval mode"
-PENDING = "to be re-measured after the eval-mode fix"
+PENDING = "to be re-measured"
 ROOT = Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted(ROOT.glob("*.yaml")) + sorted((ROOT / "inco_baselines").glob("*.yaml"))
 CHECKED = re.compile(
@@ -49,13 +42,12 @@ CHECKED = re.compile(
 @dataclass(frozen=True)
 class Claim:
     """What a config's header states: ``metric`` after the run is ``value`` within
-    ``tolerance``, from the log or ``rescored`` in eval mode; ``value is None``: to be re-measured
-    after the eval-mode fix (``note`` says why)."""
+    ``tolerance``, as logged; ``value is None``: to be re-measured
+    (``note`` says why)."""
 
     metric: str
     value: float | None
     tolerance: float
-    rescored: bool
     note: str
 
     @classmethod
@@ -68,7 +60,6 @@ class Claim:
             metric=match["metric"],
             value=None if value is None else float(value),
             tolerance=float(tol or 0),
-            rescored=RESCORED in how,
             note=how.strip(" :,"),
         )
 
@@ -100,36 +91,6 @@ def run_cofed(config: Path, run_dir: Path, metric: str) -> float:
     return float(json.loads((run_dir / "summary.json").read_text())[metric])
 
 
-@torch.no_grad()
-def eval_mode_scores(run_dir: Path) -> dict[str, float]:
-    """The saved global model scored without the loop, one group's architecture at a time: a
-    fresh network from the registry (wrapped as the config's objective wraps it, e.g. MOON's
-    projection head) loaded with its keys of global.pt, ``eval()``, one plain pass over the test
-    set. ``test_acc`` is the largest architecture's accuracy, ``group_mean_acc`` the mean over
-    the groups: the loop's metrics of those names (docs/algorithms.md section 2.3)."""
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    module, name = config["model"]["class_path"].rsplit(".", 1)
-    model_args = config["model"]["init_args"]
-    objective = getattr(importlib.import_module(module), name)(**model_args)
-    saved = torch.load(run_dir / "global.pt", weights_only=True)
-    data = FederatedDataModule(**config["data"])
-    data.setup("test")
-    scores = []  # (number of keys, accuracy) per group
-    for group in model_args["networks"]:
-        model = objective.wrap_network(objective.create_network(group))
-        model.load_state_dict({key: saved[key] for key in model.state_dict()})
-        model.eval()
-        correct = total = 0
-        for x, y in data.test_dataloader():
-            correct += int((model(x).argmax(1) == y).sum())
-            total += len(y)
-        scores.append((len(model.state_dict()), correct / total))
-    return {
-        "test_acc": max(scores)[1],
-        "group_mean_acc": sum(accuracy for _, accuracy in scores) / len(scores),
-    }
-
-
 def test_every_config_states_one_claim():
     for config in CONFIGS:
         claim = Claim.of(config)
@@ -149,9 +110,6 @@ def test_config_reaches_its_stated_accuracy(config, tmp_path):
         measured = run_cofed(config, tmp_path, claim.metric)
     else:
         measured = run_fit(config, tmp_path, claim.metric)
-        if claim.rescored:
-            print(f"{_label(config)}: logged {claim.metric} {measured:.4f}")
-            measured = eval_mode_scores(tmp_path)[claim.metric]
     seconds = time.process_time() - started
     print(f"{_label(config)}: {claim.metric} {measured:.4f} in {seconds:.0f} CPU-s")
     assert claim.holds(measured), (
