@@ -22,7 +22,7 @@ MODULES = [
     "fedlightning.server.inco_pairs",
     "fedlightning.server.summation",
     "fedlightning.cofed.voting",
-    "fedlightning.cofed.participants",
+    "fedlightning.cofed.torch_participants",
     "fedlightning.privacy.client_dp_maths",
     "fedlightning.loop.sampling",
 ]
