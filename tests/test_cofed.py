@@ -297,7 +297,7 @@ def test_random_cnn_draw_follows_the_seed_and_rejects_bad_widths():
 
 
 def test_update_training_has_its_own_batch_size(monkeypatch):
-    import fedlightning.cofed.participants as participants_module
+    import fedlightning.cofed.torch_participants as participants_module
     from fedlightning.cofed.participants import Recipe, TorchParticipants
 
     sizes = []

@@ -23,7 +23,7 @@ MODULES = [
     "fedlightning.server.inco_pairs",
     "fedlightning.server.summation",
     "fedlightning.cofed.voting",
-    "fedlightning.cofed.participants",
+    "fedlightning.cofed.torch_participants",
     "fedlightning.privacy.client_dp_maths",
     "fedlightning.attacks.maths",
     "fedlightning.loop.sampling",

@@ -13,7 +13,7 @@ layer  packages and top-level modules
 0      errors seeding gc_tuning lazy protocol round_components placement metrics compute training
        state tracking recorded_args optim_config signals torch_settings fingerprint scoring
        folder_lock
-       config_checks determinism
+       config_checks determinism fit_steps
 1      models data server analysis
 2      clients run_config attacks privacy
 3      fit

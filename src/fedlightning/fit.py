@@ -12,28 +12,23 @@ cover): :func:`trainer_reason` says which, and why. The loop runs lean for the c
 (``32-true`` and ``bf16-mixed``: plain torch per step, the precision's autocast set up once per fit
 by the run's Fabric, data already on the device left there) and on Fabric's per-step wrappers where
 the precision needs them (``16-mixed``'s gradient scaler): :meth:`ClientFitter.path`. Both are the
-same arithmetic, bit for bit. Device and precision come from the run's
-:class:`~fedlightning.compute.Compute`, resolved once.
+same arithmetic, bit for bit (:mod:`fedlightning.fit_steps`). Device and precision come from the
+run's :class:`~fedlightning.compute.Compute`, resolved once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
-
-import torch
-from lightning.fabric import Fabric
-from torch import Tensor
 
 from fedlightning.attacks.labels import training_batches
 from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import FABRIC_PRECISIONS, PRECISION_PATHS, Compute, canonical
 from fedlightning.determinism import deterministic_compute, prepare_environment
+from fedlightning.fit_steps import fabric_steps, lean_steps
 from fedlightning.optim_config import split_optimizers, step_schedulers
-from fedlightning.placement import move
 from fedlightning.privacy.dp_sgd_fit import DPSGDFit
 from fedlightning.protocol import ClientJob, FitConfig, FitResult, Upload
 from fedlightning.seeding import derive_seed, seed_fit
@@ -165,7 +160,8 @@ class ClientFitter:
         ``training_step`` under the precision's autocast, backward (scaled for ``16-mixed``),
         optional clipping (on unscaled gradients), the optimizer step (skipped by the scaler on
         non-finite gradients), then step-interval schedulers; epoch-interval schedulers after
-        each pass. Its calls come from :func:`lean_steps` or :func:`fabric_steps`."""
+        each pass. Its calls come from :func:`~fedlightning.fit_steps.lean_steps` or
+        :func:`~fedlightning.fit_steps.fabric_steps`."""
         config = self.config
         optimizer, schedulers = split_optimizers(model.configure_optimizers())
         clip = (config.gradient_clip_val, config.gradient_clip_algorithm)
@@ -207,82 +203,6 @@ class ClientFitter:
             epoch += 1
             step_schedulers(schedulers, "epoch", epoch, epoch_loss / epoch_batches)
         return steps
-
-
-@dataclass(frozen=True)
-class StepCalls:
-    """The calls of one optimizer step of :meth:`ClientFitter._optimize`: the two ways to run it
-    are the same arithmetic (``tests/test_fit.py`` checks it bitwise)."""
-
-    zero_grad: Callable[[], None]
-    #: entered around every ``training_step`` (re-entered: a context manager object made once per
-    #: fit, as a decorator re-enters it)
-    forward_context: AbstractContextManager
-    to_device: Callable[[Any], Any]
-    backward: Callable[[Tensor], None]
-    clip: Callable[[], Any] | None
-    optimizer_step: Callable[[], Any]
-
-
-Clip = tuple[float | None, str]
-
-
-def lean_steps(optimizer: torch.optim.Optimizer, compute: Compute, clip: Clip) -> StepCalls:
-    """Plain torch per step: the precision's autocast (the run's Fabric's ``autocast()``, made
-    once per fit), ``loss.backward()``, torch's clipping over the optimizer's parameters in
-    Fabric's order, ``optimizer.step()``; a batch already on the device (the data module keeps
-    client data there) is not moved again. For precisions without a gradient scaler, Fabric's
-    per-step wrappers add nothing else (its precision plugin's backward and step call these)."""
-    device = compute.device
-    value, algorithm = clip
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    clipper = None
-    if value is not None and algorithm == "value":
-        clipper = partial(torch.nn.utils.clip_grad_value_, params, clip_value=value)
-    elif value is not None:
-        clipper = partial(
-            torch.nn.utils.clip_grad_norm_, params, max_norm=value, error_if_nonfinite=False
-        )
-    return StepCalls(
-        zero_grad=optimizer.zero_grad,
-        forward_context=compute.autocast(),
-        to_device=lambda batch: batch if _on_device(batch, device) else move(batch, device),
-        backward=Tensor.backward,
-        clip=clipper,
-        optimizer_step=optimizer.step,
-    )
-
-
-def fabric_steps(
-    optimizer: torch.optim.Optimizer, fabric: Fabric, model: ClientModule, clip: Clip
-) -> StepCalls:
-    """Fabric's wrappers per step: its optimizer (a ``16-mixed`` scaler's ``step`` and
-    ``update``), ``fabric.backward`` (the scaled loss), ``fabric.clip_gradients`` (unscaled
-    first), ``fabric.to_device`` and ``fabric.autocast``."""
-    wrapped = fabric.setup_optimizers(optimizer)
-    value, algorithm = clip
-    clipper = None
-    if value is not None and algorithm == "value":
-        clipper = partial(fabric.clip_gradients, model, wrapped, clip_val=value)
-    elif value is not None:
-        clipper = partial(
-            fabric.clip_gradients, model, wrapped, max_norm=value, error_if_nonfinite=False
-        )
-    return StepCalls(
-        zero_grad=wrapped.zero_grad,
-        forward_context=fabric.autocast(),
-        to_device=fabric.to_device,
-        backward=fabric.backward,
-        clip=clipper,
-        optimizer_step=wrapped.step,
-    )
-
-
-def _on_device(batch: Any, device: torch.device) -> bool:
-    """Whether ``batch`` is a tuple or list whose tensors are all on ``device`` already."""
-    return isinstance(batch, tuple | list) and all(
-        t.device == device for t in batch if isinstance(t, Tensor)
-    )
 
 
 def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps: int) -> FitResult:

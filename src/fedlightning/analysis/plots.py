@@ -224,29 +224,9 @@ def runs_figure(
         )
     fig = figure(tuple(figsize))
     ax = fig.subplots()
-    sizes, last = [], {}
+    sizes = []
     for index, (name, members) in enumerate(groups.items()):
-        curves = []
-        for run_dir in members:
-            metrics = read_metrics(run_dir)
-            for column in (metric, x):
-                if column not in metrics:
-                    raise KeyError(
-                        f"metric {column!r} not in {run_dir}/metrics.csv: "
-                        f"choose one of {sorted(metrics)}"
-                    )
-            keep = np.isfinite(metrics[metric]) & np.isfinite(metrics[x])
-            curves.append(dict(zip(metrics[x][keep], metrics[metric][keep], strict=True)))
-            last = metrics
-        common = sorted(set.intersection(*(set(c) for c in curves)))
-        if not common:  # an empty line would be drawn: say why instead
-            raise PlotInputError(
-                f"{name}: no {x} at which {', '.join(str(m) for m in members)} all have a "
-                f"{metric} value, so there is nothing to draw (compare runs evaluated at the same "
-                "rounds, e.g. with the same eval_every)"
-                if len(members) > 1
-                else f"{members[0]}/metrics.csv has no row with both {metric} and {x}"
-            )
+        common, curves, last = _shared_points(name, members, metric, x)
         (x_label, x_scale), (y_label, y_scale) = axis(x, last), axis(metric, last)
         xs = np.array(common) * x_scale
         values = np.array([[c[v] for v in common] for c in curves]) * y_scale
@@ -272,3 +252,32 @@ def runs_figure(
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # right of the axes
     fig.tight_layout()
     return fig
+
+
+def _shared_points(
+    name: str, members: Sequence[Path], metric: str, x: str
+) -> tuple[list[float], list[dict[float, float]], dict[str, np.ndarray]]:
+    """``(common, curves, last)`` of one line of :func:`runs_figure`: the ``x`` values at which
+    every run of ``members`` has a finite ``metric``, each run's ``{x: metric}`` and the last
+    run's metrics (for the axes' labels and scales)."""
+    curves = []
+    for run_dir in members:
+        metrics = read_metrics(run_dir)
+        for column in (metric, x):
+            if column not in metrics:
+                raise KeyError(
+                    f"metric {column!r} not in {run_dir}/metrics.csv: "
+                    f"choose one of {sorted(metrics)}"
+                )
+        keep = np.isfinite(metrics[metric]) & np.isfinite(metrics[x])
+        curves.append(dict(zip(metrics[x][keep], metrics[metric][keep], strict=True)))
+    common = sorted(set.intersection(*(set(c) for c in curves)))
+    if not common:  # an empty line would be drawn: say why instead
+        raise PlotInputError(
+            f"{name}: no {x} at which {', '.join(str(m) for m in members)} all have a "
+            f"{metric} value, so there is nothing to draw (compare runs evaluated at the same "
+            "rounds, e.g. with the same eval_every)"
+            if len(members) > 1
+            else f"{members[0]}/metrics.csv has no row with both {metric} and {x}"
+        )
+    return common, curves, metrics

@@ -46,7 +46,6 @@ Needs the optional extra: ``pip install 'fedlightning[flower]'``.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Iterable, Sequence
@@ -55,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.flower_rounds import RemoteClientError, plain_round, secure_round
 from fedlightning.errors import ConfigurationError, WorkerLost, require
+from fedlightning.flower_app.specs import class_spec
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.seeding import derive_seed, seed_fit
 
@@ -74,21 +74,6 @@ def _flwr() -> None:
         raise ConfigurationError(
             "loop.backend=FlowerBackend needs Flower: pip install 'fedlightning[flower]'"
         ) from error
-
-
-def _class_spec(obj: Any, what: str) -> dict[str, Any]:
-    spec = {
-        "class_path": f"{type(obj).__module__}.{type(obj).__qualname__}",
-        "init_args": {k: v for k, v in obj.hparams.items() if not k.startswith("_")},
-    }
-    try:
-        json.dumps(spec)
-    except TypeError as error:
-        raise ConfigurationError(
-            f"loop.backend=FlowerBackend sends SuperNodes the {what}'s class and init args as JSON, "
-            f"and {type(obj).__name__}'s are not ({error}); pass them as plain values"
-        ) from None
-    return spec
 
 
 class FlowerBackend(Backend):
@@ -212,8 +197,8 @@ class FlowerBackend(Backend):
         self.config, self.num_clients = config, datamodule.num_clients
         self.num_samples = datamodule.client_num_samples
         self.spec = {
-            "model": _class_spec(model, "model"),
-            "data": _class_spec(datamodule, "data module"),
+            "model": class_spec(model, "model"),
+            "data": class_spec(datamodule, "data module"),
         }
         if self.address is None:
             from fedlightning.flower_app.transport import GridTransport

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -61,25 +61,9 @@ class PersonalEvaluation:
         adaptor: dict[int, tuple[int, int]] = {}
         with torch.no_grad():
             for cid in everyone:
-                state = store.get(cid)
-                name = self.personal_name(cid)
-                build = functools.partial(self._build_personal, name)
-                model = scoring.load(f"FML_personal_{name}", state["personal"], build)
-                dtype = next(model.parameters()).dtype
-                if heads:
-                    meme = scoring.load(
-                        "FML_meme", _meme_state(scoring, state["head"]), self._meme_network
-                    )
-                    mask = self.label_spaces[cid]  # type: ignore[index]
-                personal, meme_hits, count = 0, 0, 0
-                for x, y in val_dataloader(cid):
-                    x, y = x.to(device, dtype), y.to(device)
-                    if heads:  # predictions within the client's own label space
-                        personal += masked_hits(model(x), y, mask)
-                        meme_hits += masked_hits(meme(x), y, mask)
-                    else:
-                        personal += int((model(x).argmax(dim=1) == y).sum())
-                    count += len(y)
+                personal, meme_hits, count = self._client_hits(
+                    cid, store.get(cid), scoring, val_dataloader, device, heads
+                )
                 hits[cid], adaptor[cid] = (personal, count), (meme_hits, count)
         results = _accuracies(hits, client_ids, everyone, "personal_acc")
         if heads:
@@ -87,6 +71,36 @@ class PersonalEvaluation:
         if everyone:
             results["personal_clients"] = float(len(everyone))
         return results
+
+    def _client_hits(
+        self,
+        cid: int,
+        state: dict[str, Any],
+        scoring: ScoringNetworks,
+        val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
+        device: torch.device,
+        heads: bool,
+    ) -> tuple[int, int, int]:
+        """``(personal hits, meme hits, samples)`` of client ``cid`` (its stored ``state``) on its
+        validation split; with adaptor ``heads`` within the client's own label space (else no
+        meme hits)."""
+        name = self.personal_name(cid)
+        build = functools.partial(self._build_personal, name)
+        model = scoring.load(f"FML_personal_{name}", state["personal"], build)
+        dtype = next(model.parameters()).dtype
+        if heads:
+            meme = scoring.load("FML_meme", _meme_state(scoring, state["head"]), self._meme_network)
+            mask = self.label_spaces[cid]  # type: ignore[index]
+        personal, meme_hits, count = 0, 0, 0
+        for x, y in val_dataloader(cid):
+            x, y = x.to(device, dtype), y.to(device)
+            if heads:  # predictions within the client's own label space
+                personal += masked_hits(model(x), y, mask)
+                meme_hits += masked_hits(meme(x), y, mask)
+            else:
+                personal += int((model(x).argmax(dim=1) == y).sum())
+            count += len(y)
+        return personal, meme_hits, count
 
     def _meme_network(self) -> HeadedBackbone:
         """A client's meme model for scoring: a copy of the server model's architecture (the

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from fedlightning.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from fedlightning.cofed.participants import TorchParticipant
+    from fedlightning.cofed.torch_participants import TorchParticipant
 
 #: the candidates of the paper: the base learning rate, 0.1x and 2x
 DEFAULT_FACTORS: tuple[float, ...] = (1.0, 0.1, 2.0)

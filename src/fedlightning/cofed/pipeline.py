@@ -1,39 +1,31 @@
 """CoFED: one-shot co-training across participants with different models, label spaces and recipes.
 Cao et al., "CoFED: Cross-silo heterogeneous federated multi-task learning via co-training",
 arXiv:2202.08603 (docs/algorithms.md section 3).
+
+The report (:class:`~fedlightning.cofed.report.CoFEDResult`, re-exported here, and the files of
+the run directory) is :mod:`fedlightning.cofed.report`.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fedlightning.analysis.cofed_plot import plot_relative_accuracy
-from fedlightning.cofed.participants import Participant, Participants, TorchParticipants
+from fedlightning.cofed.participant_base import Participant, Participants
+from fedlightning.cofed.report import CoFEDResult, report, report_title, write_report
 from fedlightning.cofed.tasks import CoFEDData, LabelSpaceTasks, Tasks
+from fedlightning.cofed.torch_participants import TorchParticipants
 from fedlightning.cofed.voting import vote
 from fedlightning.errors import require
 from fedlightning.loop.checks import check_seed
 from fedlightning.seeding import derive_seed
 from fedlightning.training import cpu_compute, quiet_lightning
 
-
-@dataclass
-class CoFEDResult:
-    """What a run reports: one row per participant, the participants x classes pseudo-label counts
-    and the summary (means over participants)."""
-
-    participants: list[dict[str, Any]]
-    pseudo_label_counts: np.ndarray
-    summary: dict[str, Any]
+__all__ = ["CoFED", "CoFEDResult"]
 
 
 class CoFED:
@@ -141,9 +133,8 @@ class CoFED:
             )
             cofed_acc = self._update_training(data, models, pseudo, progress)
         self.stage = "writing the report"
-        result = self._report(
-            data, models, pseudo, local_acc, cofed_acc, time.perf_counter() - started
-        )
+        result = report(data, models, pseudo, local_acc, cofed_acc, time.perf_counter() - started)
+        write_report(self.run_dir, data, models, result, report_title(self.tasks, n))
         self.console.print(
             f"[bold]CoFED[/]: {n} participants, mean local acc {result.summary['mean_local_acc']:.4f}, "
             f"mean CoFED acc {result.summary['mean_cofed_acc']:.4f}, mean relative acc "
@@ -193,111 +184,3 @@ class CoFED:
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=self.console, disable=not self.progress_bar,
         )  # fmt: skip
-
-    # -- the report -----------------------------------------------------------------------------
-    def _report(
-        self,
-        data: CoFEDData,
-        models: list[Participant],
-        pseudo: list[tuple[np.ndarray, np.ndarray]],
-        local_acc: list[float],
-        cofed_acc: list[float],
-        seconds: float,
-    ) -> CoFEDResult:
-        rows = []
-        counts = np.zeros((len(models), data.num_classes), dtype=np.int64)
-        hits = []  # per participant: is each pseudo label with a known true class right?
-        for i, (t, model, (idx, labels)) in enumerate(zip(data.tasks, models, pseudo, strict=True)):
-            counts[i] = np.bincount(labels, minlength=data.num_classes)
-            truth = data.public_y[idx]
-            hits.append(truth[truth >= 0] == labels[truth >= 0])
-            rows.append(
-                {
-                    "participant": i,
-                    "model": model.description,
-                    "label_space": " ".join(str(c) for c in t.label_space),
-                    "num_train": len(t.train_y),
-                    "num_test": len(t.test_y),
-                    "local_acc": local_acc[i],
-                    "cofed_acc": cofed_acc[i],
-                    "relative_acc": cofed_acc[i] / local_acc[i]
-                    if local_acc[i] > 0
-                    else float("nan"),
-                    "pseudo_labels": len(idx),
-                    "pseudo_label_acc": _mean(hits[-1]),
-                }
-            )
-        relative = np.array([r["relative_acc"] for r in rows], dtype=np.float64)
-        summary = {
-            "participants": len(rows),
-            "public_size": len(data.public_y),
-            "mean_local_acc": float(np.nanmean(local_acc)),
-            "mean_cofed_acc": float(np.nanmean(cofed_acc)),
-            "mean_relative_acc": float(np.nanmean(relative)),
-            "min_relative_acc": float(np.nanmin(relative)),
-            "max_relative_acc": float(np.nanmax(relative)),
-            "improved": int((relative > 1).sum()),
-            "pseudo_labels": int(counts.sum()),
-            "pseudo_label_acc": _mean(np.concatenate(hits)),
-            "seconds": seconds,
-        }
-        self._write(data, models, rows, counts, summary)
-        return CoFEDResult(rows, counts, summary)
-
-    def _title(self, count: int) -> str:
-        """The figure's title: ``CoFED · digits, non-IID label spaces, 10 participants`` (the
-        data set and how label spaces are drawn, where the tasks say)."""
-        distribution = getattr(self.tasks, "distribution", None)
-        parts = [
-            getattr(self.tasks, "dataset", None),
-            {"iid": "IID label spaces", "noniid": "non-IID label spaces"}.get(distribution),
-            f"{count} participants",
-        ]
-        return "CoFED · " + ", ".join(p for p in parts if p)
-
-    def _write(
-        self,
-        data: CoFEDData,
-        models: list[Participant],
-        rows: list[dict[str, Any]],
-        counts: np.ndarray,
-        summary: dict[str, Any],
-    ) -> None:
-        """participants.csv, pseudo_labels.csv, partition.csv, summary.json, relative_accuracy.png
-        and, after a learning-rate search, lr_search.csv (one row per participant and candidate)."""
-        run = self.run_dir
-        run.mkdir(parents=True, exist_ok=True)
-        with open(run / "participants.csv", "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        _write_table(
-            run / "pseudo_labels.csv", counts, [f"class_{c}" for c in range(counts.shape[1])]
-        )
-        _write_table(
-            run / "partition.csv",
-            data.partition,
-            [f"class_{c}" for c in range(data.partition.shape[1])],
-        )
-        (run / "summary.json").write_text(
-            json.dumps({**summary, "class_names": list(data.class_names)}, indent=2) + "\n"
-        )
-        plot_relative_accuracy(
-            [r["relative_acc"] for r in rows], run / "relative_accuracy.png", self._title(len(rows))
-        )
-        searched = [c.row(i) for i, m in enumerate(models) for c in m.search_log]
-        if searched:
-            with open(run / "lr_search.csv", "w", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=list(searched[0]))
-                writer.writeheader()
-                writer.writerows(searched)
-
-
-def _mean(values: np.ndarray) -> float:
-    return float(values.mean()) if len(values) else float("nan")
-
-
-def _write_table(path: Path, table: np.ndarray, columns: list[str]) -> None:
-    lines = ["participant," + ",".join(columns)]
-    lines += [f"{i}," + ",".join(str(int(v)) for v in row) for i, row in enumerate(table)]
-    path.write_text("\n".join(lines) + "\n")

@@ -23,7 +23,7 @@ from sklearn.svm import SVC
 from sklearn.tree import DecisionTreeClassifier
 from torch import Tensor
 
-from fedlightning.cofed.participants import Participant, Participants
+from fedlightning.cofed.participant_base import Participant, Participants
 from fedlightning.cofed.tasks import CoFEDData, ParticipantTask, Tasks
 from fedlightning.data.sources import standardised
 from fedlightning.errors import require

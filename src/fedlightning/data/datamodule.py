@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -10,16 +9,14 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fedlightning.data import partition as P
-from fedlightning.data.flower import FLOWER_PARTITIONERS, flower_partition
-from fedlightning.data.loader import TensorBatches
+from fedlightning.data.client_partition import partition_clients
+from fedlightning.data.datamodule_checks import check_data_options
+from fedlightning.data.loader import TensorBatches, device_copy
 from fedlightning.data.ragged import Ragged
-from fedlightning.data.sources import SOURCES, DataSplit, load_source
-from fedlightning.data.val_split import holdout, proportional_split
-from fedlightning.errors import ConfigurationError, unknown_name
-from fedlightning.seeding import derive_seed
+from fedlightning.data.sources import DataSplit, load_source, resize_images
+from fedlightning.data.val_split import holdout, validation_from_test
 
 
 class FederatedDataModule(pl.LightningDataModule):
@@ -65,7 +62,7 @@ class FederatedDataModule(pl.LightningDataModule):
             writers with at least ``writer_min_samples`` samples (FedCross: 101, "more than
             100"), then the ``writer_top_k`` with the most (CoFED: 100); with
             ``writer_test_fraction`` (CoFED: 0.6) each writer's samples are split anew into
-            train/test (:func:`fedlightning.data.sources.load_leaf`).
+            train/test (:func:`fedlightning.data.leaf.load_leaf`).
     """
 
     def __init__(
@@ -111,42 +108,14 @@ class FederatedDataModule(pl.LightningDataModule):
         partition_options: dict[str, Any] | None = None,
         source_options: dict[str, Any] | None = None,
     ) -> None:
+        """Over 60 lines: the signature is the ``data:`` section's flat list of options (see the
+        class docstring); the body checks them
+        (:func:`~fedlightning.data.datamodule_checks.check_data_options`) and stores them."""
         super().__init__()
-        if dataset not in SOURCES:
-            raise unknown_name("data set", dataset, SOURCES)
-        if partition not in (*P.PARTITIONS, *FLOWER_PARTITIONERS):
-            raise ConfigurationError(
-                f"unknown partition {partition!r}: choose one of "
-                f"{', '.join((*P.PARTITIONS, *FLOWER_PARTITIONERS))}"
-            )
-        if partition == "natural" and dataset not in ("femnist", "huggingface"):
-            raise ConfigurationError(
-                f"partition 'natural' needs a data set with its own users (femnist, or "
-                f"huggingface with source_options.client_column), got {dataset!r}"
-            )
-        if num_clients < 1:
-            raise ConfigurationError(f"num_clients must be >= 1, got {num_clients}")
-        if partition == "dirichlet" and not beta > 0:
-            raise ConfigurationError(f"beta must be > 0 for the dirichlet partition, got {beta}")
-        if writer_min_samples < 0 or (writer_top_k is not None and writer_top_k < 1):
-            raise ConfigurationError(
-                f"writer_min_samples must be >= 0 and writer_top_k null or >= 1, got "
-                f"{writer_min_samples} and {writer_top_k}"
-            )
-        if writer_test_fraction is not None and not 0.0 < writer_test_fraction < 1.0:
-            raise ConfigurationError(
-                f"writer_test_fraction must be null or lie in (0, 1), got {writer_test_fraction}"
-            )
-        if not 0.0 <= val_from_test < 1.0:
-            raise ConfigurationError(f"val_from_test must lie in [0, 1), got {val_from_test}")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ConfigurationError(f"val_fraction must lie in [0, 1), got {val_fraction}")
-        if batch_size < 1 or eval_batch_size < 1:
-            raise ConfigurationError(
-                f"batch_size and eval_batch_size must be >= 1, got {batch_size} and {eval_batch_size}"
-            )
-        if resize is not None and resize < 1:
-            raise ConfigurationError(f"resize must be a positive image size or null, got {resize}")
+        check_data_options(
+            dataset, partition, num_clients, beta, writer_min_samples, writer_top_k,
+            writer_test_fraction, val_from_test, val_fraction, batch_size, eval_batch_size, resize,
+        )  # fmt: skip
         self.save_hyperparameters()
         self.dataset = dataset
         self.root = root
@@ -198,8 +167,7 @@ class FederatedDataModule(pl.LightningDataModule):
                 **self._source_kwargs,
             )
             if self.resize is not None:
-                split.train_x = _resize(split.train_x, self.resize)
-                split.test_x = _resize(split.test_x, self.resize)
+                resize_images(split, self.resize)
             self._data = split
         return self._data
 
@@ -230,46 +198,17 @@ class FederatedDataModule(pl.LightningDataModule):
             return
         labels = self.data.train_y.numpy()
         seed = self.seed if self.partition_seed is None else self.partition_seed
-        if self.partition == "iid":
-            parts = P.iid(labels, self.num_clients, seed)
-        elif self.partition == "dirichlet":
-            parts = P.dirichlet(labels, self.num_clients, self.beta, seed, min_size=self.min_size)
-        elif self.partition == "shards":
-            parts = P.shards(labels, self.num_clients, self.shards_per_client, seed)
-        elif self.partition in FLOWER_PARTITIONERS:
-            parts = Ragged.from_parts(
-                flower_partition(
-                    self.partition, labels, self.num_clients, seed, self.partition_options,
-                    self.data.client_ids,
-                )
-            )  # fmt: skip
-        else:
-            if self.data.client_ids is None:
-                raise ConfigurationError(
-                    "partition 'natural' needs each sample's client: set "
-                    "data.source_options.client_column"
-                )
-            parts = P.natural(self.data.client_ids)
-            if self.num_clients > len(parts):
-                raise ConfigurationError(
-                    f"num_clients={self.num_clients} exceeds the {len(parts)} writers in the LEAF data"
-                )
-            parts = parts[: self.num_clients]
+        parts = partition_clients(
+            self.partition, labels, self.num_clients, seed, self.beta, self.min_size,
+            self.shards_per_client, self.partition_options, self.data.client_ids,
+        )  # fmt: skip
         train, val = holdout(parts, self.val_fraction, seed)
         if self.val_from_test > 0:
-            val = self._split_test(train, seed)
+            val, self._test_idx = validation_from_test(
+                self.data.test_y, self.data.train_y, train, self.num_classes,
+                self.val_from_test, seed,
+            )  # fmt: skip
         self._train_idx, self._val_idx = train.torch(), val.torch()
-
-    def _split_test(self, train: Ragged, seed: int) -> Ragged:
-        """Hold ``val_from_test`` of the test set out as the clients' validation splits (dealt in
-        proportion to their ``train`` counts); returns them (rows of the test set)."""
-        test_y = self.data.test_y
-        order = torch.randperm(len(test_y), generator=_gen(seed, -1))
-        held = order[: math.floor(len(test_y) * self.val_from_test)].sort().values
-        self._test_idx = order[len(held) :].sort().values
-        counts = P.count_table(self.data.train_y.numpy(), train, self.num_classes)
-        parts = proportional_split(test_y[held].numpy(), counts, seed)
-        return Ragged(held.numpy()[parts.values], parts.offsets)
 
     def _val_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Where the validation indices point: the test set with ``val_from_test``, else the
@@ -299,15 +238,8 @@ class FederatedDataModule(pl.LightningDataModule):
         if device.type == "cpu":
             self._device_pool = None
             return True
-        x, y = self.data.train_x, self.data.train_y
-        size = x.element_size() * x.numel() + y.element_size() * y.numel()
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            if size > max_fraction * free:
-                self._device_pool = None
-                return False
-        self._device_pool = (x.to(device), y.to(device))
-        return True
+        self._device_pool = device_copy(self.data.train_x, self.data.train_y, device, max_fraction)
+        return self._device_pool is not None
 
     def __getstate__(self) -> dict:
         """Pickled without the device copy (Ray ships the data module to workers, which place
@@ -355,23 +287,4 @@ class FederatedDataModule(pl.LightningDataModule):
 
     def save_partition(self, path: str | Path) -> None:
         """Write the clients x classes table as CSV (``client,class_0,...``)."""
-        table = self.partition_table()
-        with open(path, "w") as handle:
-            handle.write("client," + ",".join(f"class_{c}" for c in range(table.shape[1])) + "\n")
-            for start in range(0, len(table), 4096):  # a few rows at a time: any number of clients
-                rows = table[start : start + 4096].tolist()
-                handle.writelines(
-                    f"{start + i}," + ",".join(map(str, row)) + "\n" for i, row in enumerate(rows)
-                )
-
-
-def _gen(seed: int, client_id: int) -> torch.Generator:
-    return torch.Generator().manual_seed(derive_seed(seed, "val-split", client_id))
-
-
-def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
-    if x.ndim != 4:
-        raise ConfigurationError(
-            f"resize needs image data (n, C, H, W), got shape {tuple(x.shape)}"
-        )
-    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        P.write_count_table(self.partition_table(), path)

@@ -81,25 +81,7 @@ def flower_partition(
     import datasets
 
     kind = getattr(flwr_partitioners, FLOWER_PARTITIONERS[name])
-    parameters = inspect.signature(kind).parameters
-    kwargs = dict(options or {})
-    defaults = {"num_partitions": num_clients, "partition_by": "label", "seed": seed}
-    if name == "flwr.natural_id":
-        if client_ids is None:
-            raise ConfigurationError(
-                "data.partition='flwr.natural_id' needs a source with natural clients "
-                "(femnist, or huggingface with source_options.client_column)"
-            )
-        defaults["partition_by"] = "client"
-    for key, value in defaults.items():
-        if key in parameters:
-            kwargs.setdefault(key, value)
-    unknown = sorted(set(kwargs) - set(parameters))
-    if unknown:
-        raise ConfigurationError(
-            f"data.partition_options {unknown} are not arguments of {kind.__name__}: "
-            f"it takes {', '.join(p for p in parameters)}"
-        )
+    kwargs = _partitioner_kwargs(name, kind, options, num_clients, seed, client_ids)
     columns: dict[str, Any] = {"label": labels.tolist(), "position": np.arange(len(labels))}
     if client_ids is not None:
         columns["client"] = [str(c) for c in client_ids]
@@ -124,3 +106,36 @@ def flower_partition(
     if empty:
         raise ConfigurationError(f"{kind.__name__} left clients {empty[:10]} without samples")
     return parts
+
+
+def _partitioner_kwargs(
+    name: str,
+    kind: type,
+    options: dict[str, Any] | None,
+    num_clients: int,
+    seed: int,
+    client_ids: np.ndarray | None,
+) -> dict[str, Any]:
+    """The constructor arguments of the Flower partitioner class ``kind``: the user's ``options``,
+    then ``num_partitions``, ``partition_by`` (the label, or the client for ``flwr.natural_id``)
+    and ``seed`` where ``kind`` takes them; one line naming any option it does not take."""
+    parameters = inspect.signature(kind).parameters
+    kwargs = dict(options or {})
+    defaults = {"num_partitions": num_clients, "partition_by": "label", "seed": seed}
+    if name == "flwr.natural_id":
+        if client_ids is None:
+            raise ConfigurationError(
+                "data.partition='flwr.natural_id' needs a source with natural clients "
+                "(femnist, or huggingface with source_options.client_column)"
+            )
+        defaults["partition_by"] = "client"
+    for key, value in defaults.items():
+        if key in parameters:
+            kwargs.setdefault(key, value)
+    unknown = sorted(set(kwargs) - set(parameters))
+    if unknown:
+        raise ConfigurationError(
+            f"data.partition_options {unknown} are not arguments of {kind.__name__}: "
+            f"it takes {', '.join(p for p in parameters)}"
+        )
+    return kwargs

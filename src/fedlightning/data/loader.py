@@ -62,3 +62,16 @@ class TensorBatches:
         order = torch.arange(len(self.y)) if order is None else order
         stops = range(0, len(self) * self.batch_size, self.batch_size)
         return [order[start : start + self.batch_size] for start in stops]
+
+
+def device_copy(
+    x: torch.Tensor, y: torch.Tensor, device: torch.device, max_fraction: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(x, y)`` copied to ``device`` if they take at most ``max_fraction`` of its free memory
+    (checked on CUDA devices), else ``None``."""
+    size = x.element_size() * x.numel() + y.element_size() * y.numel()
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        if size > max_fraction * free:
+            return None
+    return x.to(device), y.to(device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -195,6 +196,18 @@ def label_entropy(table: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(probs > 0, -probs * np.log(probs), 0.0)
     return terms.sum(axis=1)
+
+
+def write_count_table(table: np.ndarray, path: str | Path) -> None:
+    """Write a clients x classes table as CSV (``client,class_0,...``), a few rows at a time (any
+    number of clients)."""
+    with open(path, "w") as handle:
+        handle.write("client," + ",".join(f"class_{c}" for c in range(table.shape[1])) + "\n")
+        for start in range(0, len(table), 4096):
+            rows = table[start : start + 4096].tolist()
+            handle.writelines(
+                f"{start + i}," + ",".join(map(str, row)) + "\n" for i, row in enumerate(rows)
+            )
 
 
 def partition_hash(parts: Sequence[np.ndarray]) -> str:

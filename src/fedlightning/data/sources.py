@@ -7,15 +7,14 @@ Nothing downloads unless the user sets ``download=True`` on a torchvision source
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from fedlightning.data.validation import finite_inputs, integer_labels, labels_in_range
 from fedlightning.errors import ConfigurationError, unknown_name
 
 TORCHVISION_SOURCES = ("mnist", "fashion_mnist", "emnist", "cifar10", "cifar100", "svhn")
@@ -66,7 +65,8 @@ def load_source(
 
     ``num_samples``, ``num_test``, ``num_classes``, ``sample_shape`` and ``noise`` only apply to
     ``synthetic``; ``emnist_split`` only to ``emnist``; ``writer_*`` only to ``femnist``
-    (:func:`load_leaf`); ``source_options`` only to ``huggingface`` (:mod:`fedlightning.data.hf_source`).
+    (:func:`fedlightning.data.leaf.load_leaf`); ``source_options`` only to ``huggingface``
+    (:mod:`fedlightning.data.hf_source`).
     """
     if name == "digits":
         return load_digits()
@@ -77,6 +77,8 @@ def load_source(
     if name in TORCHVISION_SOURCES:
         return load_torchvision(name, root, download, emnist_split)
     if name == "femnist":
+        from fedlightning.data.leaf import load_leaf
+
         return load_leaf(root, writer_min_samples, writer_top_k, writer_test_fraction, seed)
     if name == "cinic10":
         from fedlightning.data.cinic import load_cinic10
@@ -227,103 +229,6 @@ def _torchvision_arrays(dataset) -> tuple[np.ndarray, np.ndarray]:
     return data.astype(np.float32) / 255.0, labels.astype(np.int64)
 
 
-def load_leaf(
-    root: str | Path,
-    min_samples: int = 0,
-    top_k: int | None = None,
-    test_fraction: float | None = None,
-    seed: int = 0,
-) -> DataSplit:
-    """LEAF FEMNIST json (Caldas et al. 2018, arXiv:1812.01097): ``root/train/*.json``, ``root/test/*.json``.
-
-    Each file holds ``{"users": [...], "user_data": {user: {"x": [[784 floats]], "y": [...]}}}``.
-    Training samples keep their writer as natural client id (the kept writers numbered in sorted
-    order); the global test set is the union of the kept writers' test samples. Images are
-    1x28x28, 62 classes.
-
-    Writers (:mod:`fedlightning.data.writers`): only those with at least ``min_samples`` samples
-    (train and test files counted together), then the ``top_k`` with the most. With
-    ``test_fraction``, each kept writer's samples from both files are pooled and split anew,
-    ``floor(n_w * test_fraction)`` to the test set (CoFED: top 100 writers, 0.6).
-    """
-    root = Path(root)
-    train_files = sorted((root / "train").glob("*.json"))
-    test_files = sorted((root / "test").glob("*.json"))
-    if not train_files or not test_files:
-        raise ConfigurationError(
-            f"LEAF json not found under root={str(root)!r}: expected root/train/*.json and "
-            "root/test/*.json as written by LEAF's preprocess.sh (e.g. data/femnist/data)"
-        )
-    from fedlightning.data.writers import select_writers, split_per_writer
-
-    train_users, train_x, train_y = _read_leaf(train_files)
-    test_users, test_x, test_y = _read_leaf(test_files)
-    for split, labels in (("train", train_y), ("test", test_y)):
-        if len(labels) == 0:
-            raise ConfigurationError(
-                f"the LEAF {split} files under {str(root / split)!r} hold no samples: expected "
-                "at least one user with images"
-            )
-    names = sorted(set(train_users) | set(test_users))
-    index = {w: k for k, w in enumerate(names)}
-    train_w = np.array([index[u] for u in train_users], dtype=np.int64)
-    test_w = np.array([index[u] for u in test_users], dtype=np.int64)
-    kept = select_writers(np.concatenate([train_w, test_w]), min_samples, top_k)
-    if not len(kept):
-        raise ConfigurationError(
-            f"no FEMNIST writer has writer_min_samples={min_samples} samples: lower it"
-        )
-    if test_fraction is not None:
-        x, y = np.concatenate([train_x, test_x]), np.concatenate([train_y, test_y])
-        w = np.concatenate([train_w, test_w])
-        keep = np.isin(w, kept)
-        x, y, w = x[keep], y[keep], w[keep]
-        train, test = split_per_writer(w, test_fraction, seed)
-        train_x, train_y, train_w, test_x, test_y = x[train], y[train], w[train], x[test], y[test]
-    else:
-        keep_train, keep_test = np.isin(train_w, kept), np.isin(test_w, kept)
-        train_x, train_y, train_w = train_x[keep_train], train_y[keep_train], train_w[keep_train]
-        test_x, test_y = test_x[keep_test], test_y[keep_test]
-    clients = np.unique(train_w)
-    split = standardised(train_x, train_y, test_x, test_y, num_classes=62)
-    split.client_ids = np.searchsorted(clients, train_w).astype(np.int64)
-    return split
-
-
-def _read_leaf(files: Sequence[Path]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    users: list[str] = []
-    xs: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
-    for path in files:
-        try:
-            blob = json.loads(path.read_text())
-            for user in blob["users"]:
-                record = blob["user_data"][user]
-                x = np.asarray(record["x"], dtype=np.float32).reshape(-1, 1, 28, 28)
-                where = f"LEAF json {str(path)!r}, user {user!r}"
-                y = integer_labels(record["y"], where)
-                finite_inputs(x, where)
-                labels_in_range(torch.as_tensor(y), 62, where + " (FEMNIST)")
-                if len(x) != len(y):
-                    raise ValueError(f"user {user!r} has {len(x)} images but {len(y)} labels")
-                users.extend([user] * len(y))
-                xs.append(x)
-                ys.append(y)
-        except ConfigurationError:
-            raise
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise ConfigurationError(
-                f"malformed LEAF json {str(path)!r}: {err!r}; expected keys 'users' and "
-                "'user_data' with per-user 'x' (784 floats per image) and 'y'"
-            ) from err
-    labels = np.concatenate(ys) if ys else np.zeros(0, dtype=np.int64)
-    if len(labels) and (labels.min() < 0 or labels.max() >= 62):
-        raise ConfigurationError(
-            f"LEAF labels must lie in [0, 62) for FEMNIST, got range [{labels.min()}, {labels.max()}]"
-        )
-    return users, np.concatenate(xs) if xs else np.zeros((0, 1, 28, 28), np.float32), labels
-
-
 def standardised(train_x, train_y, test_x, test_y, num_classes: int) -> DataSplit:
     """Per-channel standardisation with the training pool's statistics."""
     train_x = torch.as_tensor(np.ascontiguousarray(train_x), dtype=torch.float32)
@@ -338,3 +243,17 @@ def standardised(train_x, train_y, test_x, test_y, num_classes: int) -> DataSpli
         torch.as_tensor(np.asarray(test_y), dtype=torch.int64),
         num_classes,
     )
+
+
+def resize_images(split: DataSplit, size: int) -> None:
+    """Resize ``split``'s images to ``size x size`` in place (bilinear, as at load time)."""
+    split.train_x = _resize(split.train_x, size)
+    split.test_x = _resize(split.test_x, size)
+
+
+def _resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    if x.ndim != 4:
+        raise ConfigurationError(
+            f"resize needs image data (n, C, H, W), got shape {tuple(x.shape)}"
+        )
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)

@@ -1,6 +1,6 @@
 """Client validation splits (docs/algorithms.md section 4): held out of each client's own samples
 (:func:`holdout`), or taken from the test set (FML section 4: "1/5 test data as private validate
-data"; :func:`proportional_split`).
+data"; :func:`proportional_split`, :func:`validation_from_test`).
 
 Both work on :class:`~fedlightning.data.ragged.Ragged` partitions, vectorised but for one seeded
 permutation per client that holds out samples.
@@ -8,9 +8,12 @@ permutation per client that holds out samples.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
+from fedlightning.data.partition import count_table
 from fedlightning.data.ragged import Ragged
 from fedlightning.errors import ConfigurationError
 from fedlightning.seeding import derive_seed
@@ -88,3 +91,23 @@ def proportional_split(labels: np.ndarray, counts: np.ndarray, seed: int) -> Rag
     if not values:
         return Ragged(np.zeros(0, np.int64), np.zeros(num_clients + 1, np.int64))
     return Ragged.group(np.concatenate(values), np.concatenate(owners), num_clients)
+
+
+def validation_from_test(
+    test_y: torch.Tensor,
+    train_y: torch.Tensor,
+    train: Ragged,
+    num_classes: int,
+    fraction: float,
+    seed: int,
+) -> tuple[Ragged, torch.Tensor]:
+    """``(val, test_rows)``: a seeded ``fraction`` of the test set held out as the clients'
+    validation splits, dealt class by class in proportion to their ``train`` counts
+    (:func:`proportional_split`), as rows of the test set; and the test rows left (sorted)."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, "val-split", -1))
+    order = torch.randperm(len(test_y), generator=generator)
+    held = order[: math.floor(len(test_y) * fraction)].sort().values
+    test_rows = order[len(held) :].sort().values
+    counts = count_table(train_y.numpy(), train, num_classes)
+    parts = proportional_split(test_y[held].numpy(), counts, seed)
+    return Ragged(held.numpy()[parts.values], parts.offsets), test_rows

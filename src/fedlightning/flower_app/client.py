@@ -24,12 +24,12 @@ instead (:func:`fedlightning.flower_app.secure.node_vector`).
 
 from __future__ import annotations
 
-import importlib
 import json
 import traceback
 from typing import Any
 
 from fedlightning.flower_app.records import read_jobs, results_blob
+from fedlightning.flower_app.specs import instantiate
 from fedlightning.flower_app.wire import encode
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
 
@@ -48,11 +48,6 @@ def served_clients(node_config: dict[str, Any], num_clients: int) -> list[int]:
     return list(range(num_clients))
 
 
-def _instantiate(spec: dict[str, Any]) -> Any:
-    module, _, name = spec["class_path"].rpartition(".")
-    return getattr(importlib.import_module(module), name)(**spec["init_args"])
-
-
 def _objects(spec: dict[str, Any], node_config: dict[str, Any], config: FitConfig):
     from fedlightning.fit import ClientFitter
 
@@ -61,8 +56,8 @@ def _objects(spec: dict[str, Any], node_config: dict[str, Any], config: FitConfi
         data_spec["init_args"]["root"] = str(node_config["data-root"])
     key = json.dumps([spec["model"], data_spec], sort_keys=True)
     if _BUILT.get("key") != key:
-        model = _instantiate(spec["model"])
-        datamodule = _instantiate(data_spec)
+        model = instantiate(spec["model"])
+        datamodule = instantiate(data_spec)
         datamodule.setup("fit")
         model.prepare_clients(datamodule)
         _BUILT.clear()

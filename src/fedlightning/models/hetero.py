@@ -124,6 +124,40 @@ for _depth in RESNET_BLOCKS:
     _resnet(_depth)
 
 
+def _check_vit(
+    depth: int,
+    image_size: int,
+    patch_size: int,
+    embed_dim: int,
+    num_heads: int,
+    stem: str,
+    pretrained_path: str | None,
+) -> None:
+    """One line naming the first bad ``vit_s{depth}`` argument and what is allowed."""
+    require(
+        1 <= patch_size <= image_size and image_size % patch_size == 0,
+        f"vit_s{depth} patch_size", patch_size, f"a divisor of image_size={image_size}",
+    )  # fmt: skip
+    require(
+        embed_dim >= 1 and num_heads >= 1 and embed_dim % num_heads == 0,
+        f"vit_s{depth} embed_dim", embed_dim, f"a positive multiple of num_heads={num_heads}",
+    )  # fmt: skip
+    require(stem in ("patch", "conv"), f"vit_s{depth} stem", stem, "'patch' or 'conv'")
+    require(
+        stem == "patch" or pretrained_path is None, f"vit_s{depth} stem", stem,
+        "'patch' with pretrained_path (a pretrained ViT has a patchify stem)",
+    )  # fmt: skip
+    if stem == "conv":
+        stride_2_convs = patch_size.bit_length() - 1
+        require(
+            patch_size >= 2 and patch_size == 2**stride_2_convs
+            and embed_dim % 2 ** (stride_2_convs - 1) == 0,
+            f"vit_s{depth} patch_size", patch_size,
+            f"a power of two >= 2 with embed_dim={embed_dim} divisible by patch_size / 2 "
+            "(stem 'conv': one stride-2 convolution per halving)",
+        )  # fmt: skip
+
+
 def _vit(depth: int):
     def build(
         num_classes: int,
@@ -138,28 +172,7 @@ def _vit(depth: int):
     ) -> nn.Module:
         if patch_size is None:
             patch_size = 16 if image_size >= 112 else max(1, image_size // 4)
-        require(
-            1 <= patch_size <= image_size and image_size % patch_size == 0,
-            f"vit_s{depth} patch_size", patch_size, f"a divisor of image_size={image_size}",
-        )  # fmt: skip
-        require(
-            embed_dim >= 1 and num_heads >= 1 and embed_dim % num_heads == 0,
-            f"vit_s{depth} embed_dim", embed_dim, f"a positive multiple of num_heads={num_heads}",
-        )  # fmt: skip
-        require(stem in ("patch", "conv"), f"vit_s{depth} stem", stem, "'patch' or 'conv'")
-        require(
-            stem == "patch" or pretrained_path is None, f"vit_s{depth} stem", stem,
-            "'patch' with pretrained_path (a pretrained ViT has a patchify stem)",
-        )  # fmt: skip
-        if stem == "conv":
-            stride_2_convs = patch_size.bit_length() - 1
-            require(
-                patch_size >= 2 and patch_size == 2**stride_2_convs
-                and embed_dim % 2 ** (stride_2_convs - 1) == 0,
-                f"vit_s{depth} patch_size", patch_size,
-                f"a power of two >= 2 with embed_dim={embed_dim} divisible by patch_size / 2 "
-                "(stem 'conv': one stride-2 convolution per halving)",
-            )  # fmt: skip
+        _check_vit(depth, image_size, patch_size, embed_dim, num_heads, stem, pretrained_path)
         from fedlightning.models.vit import ViT, conv_stem, load_pretrained_prefix  # timm on use
 
         if stem == "conv":  # the stem makes the patch grid; the transformer sees 1x1 "patches"
