@@ -4,13 +4,12 @@ docs/algorithms.md section 2.5."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from fedlightning.errors import require
 from fedlightning.protocol import StateDict
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.round import ServerRound
-from fedlightning.server.statistics.base import StatisticLike
 from fedlightning.server.summation import wide
 
 
@@ -42,14 +41,9 @@ class FedAdam(FedAvg):
         beta1: float = 0.9,
         beta2: float = 0.99,
         tau: float = 1e-3,
-        weighting: Literal["samples", "uniform"] = "samples",
-        aggregation: Literal["mean", "median", "trimmed_mean"] = "mean",
-        trim_beta: float = 0.1,
-        clip_norm: float | None = None,
-        within_groups: bool = False,
-        statistic: StatisticLike | None = None,
+        **fedavg_options: Any,
     ) -> None:
-        super().__init__(weighting, aggregation, trim_beta, clip_norm, within_groups, statistic)
+        super().__init__(**fedavg_options)  # weighting, statistic...: FedAvg's (the CLI shows them)
         option = "loop.aggregator.init_args."
         require(server_lr > 0, option + "server_lr", server_lr, "a number > 0")
         require(0 <= beta1 < 1, option + "beta1", beta1, "a number in [0, 1)")

@@ -5,13 +5,12 @@ optimizer of Reddi et al., "Adaptive Federated Optimization", ICLR 2021, arXiv:2
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from fedlightning.errors import require
 from fedlightning.protocol import StateDict
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.round import ServerRound
-from fedlightning.server.statistics.base import StatisticLike
 from fedlightning.server.summation import wide
 
 
@@ -41,14 +40,9 @@ class FedAvgM(FedAvg):
         self,
         server_lr: float = 1.0,
         server_momentum: float = 0.9,
-        weighting: Literal["samples", "uniform"] = "samples",
-        aggregation: Literal["mean", "median", "trimmed_mean"] = "mean",
-        trim_beta: float = 0.1,
-        clip_norm: float | None = None,
-        within_groups: bool = False,
-        statistic: StatisticLike | None = None,
+        **fedavg_options: Any,
     ) -> None:
-        super().__init__(weighting, aggregation, trim_beta, clip_norm, within_groups, statistic)
+        super().__init__(**fedavg_options)  # weighting, statistic...: FedAvg's (the CLI shows them)
         require(server_lr > 0, "loop.aggregator.init_args.server_lr", server_lr, "a number > 0")
         require(
             0 <= server_momentum < 1,

@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import ClientKeys, StateDict
 from fedlightning.recorded_args import RecordsInitArgs
+from fedlightning.server.breakdown import require_honest_majority
 from fedlightning.server.server_state import ServerState
 
 
@@ -83,6 +84,8 @@ class Statistic(ServerState, RecordsInitArgs, ABC):
     owner_aware: ClassVar[bool] = False
     withholds_uploads: ClassVar[bool] = False
     releases_every_round: ClassVar[bool] = False
+    #: breaks down once half the uploads are malicious (the default :meth:`check_byzantine`)
+    needs_honest_majority: ClassVar[bool] = False
     #: how the run configured this statistic, and where its own options live, for messages (an
     #: aggregator preset that builds it from its own options sets both)
     option: str = "loop.aggregator.init_args.statistic"
@@ -109,8 +112,12 @@ class Statistic(ServerState, RecordsInitArgs, ABC):
     def on_setup(self, initial: StateDict) -> None:  # noqa: B027 (an optional hook)
         """After the declared state is built: refuse what the configuration cannot serve."""
 
-    def check_byzantine(self, per_round: int, byzantine: int) -> None:  # noqa: B027 (optional)
-        """Refuse ``byzantine`` malicious of ``per_round`` uploads beyond the breakdown point."""
+    def check_byzantine(self, per_round: int, byzantine: int) -> None:
+        """Refuse ``byzantine`` malicious of ``per_round`` uploads beyond the breakdown point:
+        an honest majority where :attr:`needs_honest_majority` (docs/algorithms.md section 8,
+        "Breakdown points"), nothing otherwise."""
+        if byzantine and self.needs_honest_majority:
+            require_honest_majority(self.option, per_round, byzantine)
 
     def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
         """Refuse one round of ``uploads`` uploads, ``byzantine`` of them malicious, beyond the

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from fedlightning.errors import require
 from fedlightning.protocol import StateDict
-from fedlightning.server.breakdown import require_honest_majority
 from fedlightning.server.functional import clamp_running_var
 from fedlightning.server.robust_maths import centered_clip
 from fedlightning.server.statistics.base import Statistic, StatisticContext
@@ -42,6 +41,8 @@ class CenteredClip(Statistic):
         iterations: L >= 1, clipping iterations per round (the paper uses 1).
     """
 
+    needs_honest_majority = True
+
     owner_aware = True
 
     def __init__(self, radius: float = 1.0, iterations: int = 1) -> None:
@@ -50,10 +51,6 @@ class CenteredClip(Statistic):
         self.iterations = iterations
         self.center: StateDict = {}
         self.add_state("center", "floating")
-
-    def check_byzantine(self, per_round: int, byzantine: int) -> None:
-        if byzantine:
-            require_honest_majority(self.option, per_round, byzantine)
 
     def combine(
         self, uploads: Sequence[StateDict], weights: Sequence[float], context: StatisticContext

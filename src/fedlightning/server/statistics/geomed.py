@@ -10,7 +10,6 @@ import torch
 
 from fedlightning.errors import require
 from fedlightning.protocol import StateDict
-from fedlightning.server.breakdown import require_honest_majority
 from fedlightning.server.functional import clamp_running_var, weighted_average
 from fedlightning.server.robust_maths import flat_floats, weiszfeld
 from fedlightning.server.statistics.base import Statistic, StatisticContext
@@ -42,6 +41,8 @@ class GeometricMedian(Statistic):
         tol: stop once ``|g(z_t) - g(z_{t+1})| <= tol * g(z_{t+1})`` (>= 0).
     """
 
+    needs_honest_majority = True
+
     #: the last round's Weiszfeld iterations, for :meth:`round_metrics` only
     transient_attributes = frozenset({"_iterations"})
 
@@ -51,10 +52,6 @@ class GeometricMedian(Statistic):
         self.max_iter = max_iter
         self.tol = tol
         self._iterations = 0
-
-    def check_byzantine(self, per_round: int, byzantine: int) -> None:
-        if byzantine:
-            require_honest_majority(self.option, per_round, byzantine)
 
     def combine(
         self, uploads: Sequence[StateDict], weights: Sequence[float], context: StatisticContext
