@@ -19,8 +19,6 @@ from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.seeding import derive_seed
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedcross_maths import (
-    MEASURES,
-    SELECTIONS,
     Selection,
     SimilarityMeasure,
     cross_mix,
@@ -30,6 +28,7 @@ from fedlightning.server.fedcross_maths import (
     select_collaborators,
     similarity_matrix,
 )
+from fedlightning.server.fedcross_options import check_fedcross_options
 from fedlightning.server.functional import (
     clone_state,
     parameter_keys,
@@ -130,33 +129,9 @@ class FedCross(Aggregator):
         independent_init: bool = False,
     ) -> None:
         super().__init__()
-        _require(0.5 <= alpha < 1.0, "alpha", alpha, "a number in [0.5, 1.0)")
-        _require(selection in SELECTIONS, "selection", selection, f"one of {', '.join(SELECTIONS)}")
-        _require(similarity in MEASURES, "similarity", similarity, f"one of {', '.join(MEASURES)}")
-        _require(
-            num_models is None or num_models >= 2,
-            "num_models",
-            num_models,
-            "null or an integer >= 2",
-        )
-        _require(first_stage_bound >= 0, "first_stage_bound", first_stage_bound, "an integer >= 0")
-        _require(propeller_rounds >= 0, "propeller_rounds", propeller_rounds, "an integer >= 0")
-        if dynamic_alpha_rounds is not None:
-            dynamic_alpha_rounds = tuple(dynamic_alpha_rounds)
-            _require(
-                len(dynamic_alpha_rounds) == 2 and 0 <= dynamic_alpha_rounds[0] < dynamic_alpha_rounds[1],
-                "dynamic_alpha_rounds", list(dynamic_alpha_rounds), "null or [a, b] with 0 <= a < b",
-            )  # fmt: skip
-        _require(
-            0.5 <= alpha_start <= alpha,
-            "alpha_start",
-            alpha_start,
-            f"a number in [0.5, alpha={alpha}]",
-        )
-        _require(alpha_step > 0, "alpha_step", alpha_step, "a number > 0")
-        _require(
-            alpha_ramp in ("absolute", "range_start"),
-            "alpha_ramp", alpha_ramp, "'absolute' or 'range_start'",
+        dynamic_alpha_rounds = check_fedcross_options(
+            alpha, selection, similarity, num_models, first_stage_bound, propeller_rounds,
+            dynamic_alpha_rounds, alpha_start, alpha_step, alpha_ramp,
         )  # fmt: skip
         self.alpha_ramp = alpha_ramp
         self.independent_init = independent_init
@@ -230,12 +205,8 @@ class FedCross(Aggregator):
     def configure_round(self, round_index: int, client_ids: Sequence[int]) -> dict[int, Payload]:
         k = self.k
         if k is None:
-            _require(
-                len(client_ids) >= 2,
-                "num_models",
-                len(client_ids),
-                "at least 2 clients per round (K >= 2)",
-            )
+            require(len(client_ids) >= 2, "FedCross num_models", len(client_ids),
+                    "at least 2 clients per round (K >= 2)")  # fmt: skip
             k = len(client_ids)
         if len(client_ids) != k:
             raise ConfigurationError(
@@ -317,7 +288,3 @@ class FedCross(Aggregator):
                 f"FedCross num_models={self.num_models} but the checkpoint holds {held} "
                 f"middleware models: resume with the same num_models"
             )
-
-
-def _require(ok: bool, option: str, value: Any, allowed: str) -> None:
-    require(ok, f"FedCross {option}", value, allowed)
