@@ -156,3 +156,30 @@ def test_vit_attention_is_batched_under_the_cohort():
         measure(model, batch, 2, Compute.resolve("cpu", "32-true"))
     fallbacks = [w for w in caught if "batching rule" in str(w.message)]
     assert not fallbacks, fallbacks[0].message
+
+
+def test_a_cohort_that_refuses_the_clients_at_their_round_falls_back_to_sequential(
+    tmp_path, timings, capsys
+):
+    """FML with personal networks of two architectures measures faster on the cohort, which can
+    only tell at the round's begin_client that the clients differ: the run goes on sequentially,
+    says so, and logs what a sequential run logs, bit for bit."""
+    from conftest import run_cli
+
+    options = (
+        "--model.init_args.personal_networks", "[mlp, lenet5]", "--loop.rounds", "2",
+        "--loop.clients_per_round", "8", "--loop.plots", "false", "--loop.progress_bar", "false",
+    )  # fmt: skip
+    timings(Timing(8, 10e-3, 1e-3))  # the cohort measures 10x faster
+    auto = run_cli(tmp_path / "auto", *options, config="fml_tiny.yaml")
+    err = capsys.readouterr().err
+    assert "backend: auto chose CohortBackend" in err
+    assert "backend: auto falls back to SequentialBackend (" in err and "personal" in err, err
+    plain = run_cli(
+        tmp_path / "seq", *options, "--loop.backend", "SequentialBackend", config="fml_tiny.yaml"
+    )
+    assert (tmp_path / "auto/global.pt").read_bytes() == (tmp_path / "seq/global.pt").read_bytes()
+    drop = ("round_time_s", "time_to_target_s")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in auto] == [
+        {k: v for k, v in r.items() if k not in drop} for r in plain
+    ]

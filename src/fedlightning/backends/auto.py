@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from fedlightning.backends.auto_probe import Timing, measure
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort import CohortBackend
+from fedlightning.backends.cohort_checks import CohortRefusal
 from fedlightning.backends.sequential import SequentialBackend
 from fedlightning.determinism import deterministic_compute
 from fedlightning.errors import ConfigurationError
@@ -64,6 +65,7 @@ class AutoBackend(Backend):
         self.chosen: Backend | None = None
         self.candidate: Backend | None = None
         self.reason = ""
+        self._started: tuple[Any, ...] = ()  # start()'s arguments, for a fallback
 
     def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
         cohort = CohortBackend()
@@ -138,11 +140,27 @@ class AutoBackend(Backend):
         message = f"backend: auto chose {type(self.chosen).__name__} ({self.reason})"
         log.info(message)
         print(message, file=sys.stderr)  # the run's console line, beside the loop's done line
-        self.chosen.start(model, datamodule, config, compute, on_client_done)
+        self._started = (model, datamodule, config, compute, on_client_done)
+        self.chosen.start(*self._started)
 
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
+        """The chosen backend's round. A cohort that finds, when the clients' round begins, that
+        it cannot train them together (per-client parameters, e.g. FML's personal models under
+        some options; :class:`~fedlightning.backends.cohort_checks.CohortRefusal`), refuses before
+        any training: the run then goes on sequentially from this round, saying why once."""
         assert self.chosen is not None, "start() first"
-        return self.chosen.run(round_index, jobs)
+        try:
+            return self.chosen.run(round_index, jobs)
+        except CohortRefusal as refusal:
+            if not isinstance(self.chosen, CohortBackend):
+                raise
+            self.chosen.stop()
+            self._sequential(str(refusal).removeprefix("loop.backend=CohortBackend cannot train "))
+            message = f"backend: auto falls back to SequentialBackend ({self.reason})"
+            log.info(message)
+            print(message, file=sys.stderr)
+            self.chosen.start(*self._started)
+            return self.chosen.run(round_index, jobs)
 
     def stop(self) -> None:
         if self.chosen is not None:

@@ -63,7 +63,7 @@ from torch import nn
 from fedlightning.attacks.labels import training_batches
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort_capture import FullSteps
-from fedlightning.backends.cohort_checks import check_cohort
+from fedlightning.backends.cohort_checks import CohortRefusal, check_cohort
 from fedlightning.backends.cohort_memory import ChunkSizes
 from fedlightning.backends.cohort_optim import StackedOptimizer, StackedScaler, optimizer_refusal
 from fedlightning.backends.cohort_plan import RoundPlan
@@ -71,7 +71,6 @@ from fedlightning.backends.cohort_state import ClientView, ContextLoss
 from fedlightning.backends.cohort_step import CohortStep, Stacks
 from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import COHORT_PRECISIONS, Compute
-from fedlightning.errors import ConfigurationError
 from fedlightning.fit import fit_result, split_optimizers, trainer_reason
 from fedlightning.protocol import ClientJob, FitConfig
 from fedlightning.seeding import derive_seed, seed_fit
@@ -82,7 +81,7 @@ if TYPE_CHECKING:
 
 
 def _refuse(reason: str) -> None:
-    raise ConfigurationError(
+    raise CohortRefusal(
         f"loop.backend=CohortBackend cannot train this run: {reason}; "
         "use the SequentialBackend (the default)"
     )

@@ -39,9 +39,14 @@ PLAIN = (type(None), bool, int, float, complex, str, bytes, Enum, np.generic)
 PLAIN += (torch.dtype, torch.device)
 
 
+class CohortRefusal(ConfigurationError):
+    """The cohort cannot train this run's clients together (found when their round begins);
+    ``auto`` then trains the run sequentially (:class:`~fedlightning.backends.auto.AutoBackend`)."""
+
+
 def refuse(objective: ClientModule, problem: str, fix: str) -> ConfigurationError:
     """The cohort's refusal of ``objective``: one line naming the problem and the fix."""
-    return ConfigurationError(
+    return CohortRefusal(
         f"loop.backend=CohortBackend cannot train {type(objective).__name__}: {problem}: {fix}"
     )
 
