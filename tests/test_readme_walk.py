@@ -8,8 +8,9 @@ root of a fresh copy of this checkout (its tracked and unignored files). That co
 ``make`` is checked with a dry run first never to install anything. Each command must exit 0.
 
 Left out (:data:`SKIP`, with the reason and where their work is tested instead): commands that need
-data not on this machine (CIFAR, Hugging Face data sets on disk) or a GPU, and ``make test`` (the
-default suite, run on its own). Long commands are shortened only with options the README
+data not on this machine (CIFAR, Hugging Face data sets on disk) or a GPU, ``make test`` (the
+default suite, run on its own) and the CPU benchmarks, which repeat their timings for minutes (each
+is run tiny by a test of its own: tests/test_startup_bench.py, test_scale_bench.py, test_flower.py). Long commands are shortened only with options the README
 documents for them (:data:`SHORTEN`; each must appear in the README). The Flower servers are
 started in the background as the README's one-host note says (127.0.0.1 for both machines) and
 stopped after the block.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the whole README: 17 CPU-min, 31 min on a shared 2-core box
+pytestmark = pytest.mark.slow  # the whole README but the CPU benchmarks (run by their own tests)
 
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
@@ -59,6 +60,18 @@ SKIP = {
     "python benchmarks/scaling.py --accelerator cuda": "needs a GPU",
     "python benchmarks/gpu_check.py": "needs a GPU",
     "python benchmarks/gpu_all.py": "needs a GPU; tests/test_gpu_all.py runs it tiny on the CPU",
+    # the CPU benchmarks time their paths over several repeats (the walk's longest commands);
+    # each is run tiny by a test of its own, which checks what it prints
+    ".venv/bin/python benchmarks/overhead.py": "a benchmark; tests/test_startup_bench.py runs "
+    "it tiny (one case, one repeat) and checks its table",
+    "python benchmarks/flower_overhead.py": "a benchmark; tests/test_flower.py runs it for one "
+    "round and one repeat and checks its Flower run equals the sequential",
+    "nice -n 15 .venv/bin/python benchmarks/scale.py": "a benchmark; tests/test_scale_bench.py "
+    "runs its table at small sizes",
+    ".venv/bin/python benchmarks/cohort.py": "a benchmark; tests/test_startup_bench.py runs "
+    "`--quick` with one repeat",
+    ".venv/bin/python benchmarks/startup.py": "a benchmark; tests/test_startup_bench.py runs it "
+    "for one round and one repeat",
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend "
     "--loop.backend.init_args.address 127.0.0.1:8000 --loop.backend.init_args.insecure true "
     "--loop.backend.init_args.secure_aggregation true": "needs the SuperLink and the two "
@@ -77,8 +90,6 @@ SHORTEN = {
     "fedlightning fit -c configs/quickstart.yaml --loop.backend RayBackend": "--loop.rounds 3",
     # 30 rounds at about 10 s a round on one machine (README: Flower's per-round cost)
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend": "--loop.rounds 2",
-    # the whole table is 100,000 clients' worth of runs (README: *Speed and scale*)
-    "nice -n 15 .venv/bin/python benchmarks/scale.py": "--clients 100 1000 --per-round 10 --rounds 1",
 }
 #: long-running servers: started in the background and stopped after their block
 SERVERS = ("flower-superlink", "flower-supernode")
