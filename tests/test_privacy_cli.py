@@ -191,7 +191,8 @@ def test_target_epsilon_calibrates_the_noise_for_the_planned_rounds(tmp_path, ca
     accountant's, the 4th round's epsilon (dp-accounting's PLD called directly) is at most 3
     (within the bisection's tolerance), the run does not stop early,
     and a resume planned for more rounds (another z) is refused."""
-    calibrated = [*DP, f"{AGG}.init_args.noise_multiplier", "null",
+    at = DP.index(f"{AGG}.init_args.noise_multiplier")  # given once: calibrated, not 1.2
+    calibrated = [*DP[:at], *DP[at + 2:], f"{AGG}.init_args.noise_multiplier", "null",
                   f"{AGG}.init_args.target_epsilon", "3", "--loop.local_steps", "1"]  # fmt: skip
     rows = run_cli(tmp_path / "run", *calibrated)
     z = calibrate_noise(3.0, 1e-5, 0.5, 4)

@@ -118,9 +118,10 @@ def test_readme_plugin_command_runs_as_shown(tmp_path):
     # as the README shows it, from the repository root; `fedlightning` is this checkout's CLI
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([".", str(ROOT / "src")])}
     run_dir = tmp_path / "plugins"
+    at = words.index("--loop.run_dir")  # the README's run directory, here a temporary one
+    words[at + 1] = str(run_dir)
     done = subprocess.run(
-        [sys.executable, "-m", "fedlightning.cli", *words[2:], "--loop.run_dir", str(run_dir),
-         "--loop.progress_bar", "false"],
+        [sys.executable, "-m", "fedlightning.cli", *words[2:], "--loop.progress_bar", "false"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
