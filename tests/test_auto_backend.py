@@ -183,3 +183,21 @@ def test_a_cohort_that_refuses_the_clients_at_their_round_falls_back_to_sequenti
     assert [{k: v for k, v in r.items() if k not in drop} for r in auto] == [
         {k: v for k, v in r.items() if k not in drop} for r in plain
     ]
+
+
+def test_a_client_that_fails_inside_the_cohort_fails_alone_after_a_fallback(
+    tmp_path, timings, capsys
+):
+    """A client's fit that raises inside the cohort would fail every client trained with it:
+    auto goes on sequentially from that round, where the failure is that client's (the loop's
+    failure policy counts one failed client and aggregates the others)."""
+    from conftest import run_cli
+
+    timings(Timing(8, 10e-3, 1e-3))  # the cohort measures 10x faster
+    rows = run_cli(
+        tmp_path, "--model", "user_clients.FailsClientOne", "--loop.rounds", "2",
+        "--loop.clients_per_round", "8", "--loop.plots", "false", "--loop.progress_bar", "false",
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert "backend: auto falls back to SequentialBackend (a client's fit raised" in err, err
+    assert [int(r["clients_failed"]) for r in rows] == [1, 1]  # client 1, every round

@@ -68,8 +68,16 @@ def test_more_than_max_skipped_fraction_of_skipped_rounds_exits_non_zero(
     cli, tmp_path, capsys, fraction, code
 ):
     FailsEveryOtherRound.fits = 0
-    args = ("--model", "user_clients.FailsEveryOtherRound", "--loop.clients_per_round", "8",
-            "--loop.max_skipped_fraction", fraction)  # fmt: skip
+    args = (
+        "--model",
+        "user_clients.FailsEveryOtherRound",
+        "--loop.clients_per_round",
+        "8",
+        "--loop.max_skipped_fraction",
+        fraction,
+        "--loop.backend",
+        "SequentialBackend",
+    )  # fmt: skip (the model counts fits in order)
     if code:
         with pytest.raises(SystemExit) as exit_info:
             cli(tmp_path, *args)

@@ -108,6 +108,15 @@ class WrongShapeUpload(ClientModule):
         return weights, extras, state
 
 
+class FailsClientOne(ClientModule):
+    """Client 1's fit always raises (in ``begin_client``); every other client trains."""
+
+    def begin_client(self, client_id, payload, state):
+        super().begin_client(client_id, payload, state)
+        if client_id == 1:
+            raise ValueError("client 1 is broken")
+
+
 class FailsEveryOtherRound(ClientModule):
     """Every client fails in rounds 2, 4, ... (8 clients a round, fitted in order), with two kinds
     of error so that it is no "same bug everywhere": those rounds are skipped."""

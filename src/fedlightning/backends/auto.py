@@ -146,21 +146,38 @@ class AutoBackend(Backend):
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         """The chosen backend's round. A cohort that finds, when the clients' round begins, that
         it cannot train them together (per-client parameters, e.g. FML's personal models under
-        some options; :class:`~fedlightning.backends.cohort_checks.CohortRefusal`), refuses before
-        any training: the run then goes on sequentially from this round, saying why once."""
+        some options; :class:`~fedlightning.backends.cohort_checks.CohortRefusal`) refuses before
+        any training, and a client whose fit raises inside the cohort fails the clients it trains
+        with: in both cases the run goes on sequentially from this round (where a failed client is
+        that client's failure, for the loop's failure policy), saying why once."""
         assert self.chosen is not None, "start() first"
         try:
             return self.chosen.run(round_index, jobs)
         except CohortRefusal as refusal:
             if not isinstance(self.chosen, CohortBackend):
                 raise
-            self.chosen.stop()
-            self._sequential(str(refusal).removeprefix("loop.backend=CohortBackend cannot train "))
-            message = f"backend: auto falls back to SequentialBackend ({self.reason})"
-            log.info(message)
-            print(message, file=sys.stderr)
-            self.chosen.start(*self._started)
-            return self.chosen.run(round_index, jobs)
+            reason = str(refusal).removeprefix("loop.backend=CohortBackend cannot train ")
+        except (ConfigurationError, KeyboardInterrupt):
+            raise
+        except Exception as error:  # noqa: BLE001 (a client's failure, which the cohort shares)
+            if not isinstance(self.chosen, CohortBackend):
+                raise
+            reason = (
+                f"a client's fit raised {_one_line(error)} inside the cohort, which trains its "
+                "clients together; sequentially a failed client is that client's failure"
+            )
+        return self._fall_back(reason, round_index, jobs)
+
+    def _fall_back(self, reason: str, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
+        """The rest of the run, this round included, on the sequential backend, said once."""
+        assert self.chosen is not None
+        self.chosen.stop()
+        self._sequential(reason)
+        message = f"backend: auto falls back to SequentialBackend ({self.reason})"
+        log.info(message)
+        print(message, file=sys.stderr)
+        self.chosen.start(*self._started)
+        return self.chosen.run(round_index, jobs)
 
     def stop(self) -> None:
         if self.chosen is not None:
