@@ -15,6 +15,7 @@ from fedlightning.clients.worker_momentum import worker_momentum_step
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload
 from fedlightning.server import CenteredClipping
+from test_registry_contract import _bitwise  # nested state compared bit for bit
 
 
 def test_momentum_recursion_over_two_rounds_by_hand():
@@ -73,14 +74,6 @@ def _run(run_dir, rounds, backend=None, ckpt_path=None):
     )  # fmt: skip
     loop.fit(objective, datamodule=_data(), ckpt_path=ckpt_path)
     return loop
-
-
-def _bitwise(a, b):
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_bitwise(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return len(a) == len(b) and all(_bitwise(x, y) for x, y in zip(a, b, strict=True))
-    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 def test_paper_method_resumes_bitwise_and_the_cohort_agrees(tmp_path):
