@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from pinned_kernels import pin
+
+pin()  # before torch loads: the CPU kernel family every pinned result was recorded with
+
 import csv
 import logging
 import os

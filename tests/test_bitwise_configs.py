@@ -1,8 +1,9 @@
 """No behaviour change from a refactor of the loop: short runs of shipped configs give the same
 ``global.pt``, byte for byte, and the same metrics as recorded (issue 35 item 5).
 
-The hashes were recorded on this project's CPU with one intra-op thread (tests/conftest.py) before
-the round body became round components; a change to the loop, the components, the aggregators or
+The hashes were recorded with one intra-op thread under the suite's pinned CPU kernel family
+(tests/pinned_kernels.py: ATen's AVX2 kernels, MKL's cross-vendor branch), so they hold on AVX2 and
+AVX-512 machines alike; a change to the loop, the components, the aggregators or
 the fit that moves one bit of a trained model or of a logged number fails here. The metrics are
 pinned as (column, value) pairs without the wall-time columns (``*_s``), so the communication
 meter, the targets, the privacy report and the adversary's count are pinned with the model. A
@@ -19,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from fedlightning.cli import main
+from pinned_kernels import KERNELS, comparable, pin
+
+pin()  # as the recording below ran (a no-op under pytest: conftest pinned already)
+
+from fedlightning.cli import main  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHORT = ["--loop.rounds", "2", "--loop.plots", "false", "--loop.progress_bar", "false"]
@@ -27,42 +32,46 @@ SHORT = ["--loop.rounds", "2", "--loop.plots", "false", "--loop.progress_bar", "
 SEQUENTIAL = ["--loop.backend", "fedlightning.backends.SequentialBackend"]
 COHORT = ["--loop.backend", "fedlightning.backends.CohortBackend"]
 
+#: the kernel settings the hashes below were recorded under (tests/test_pinned_kernels.py)
+RECORDED_UNDER = {
+    "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2",
+}  # fmt: skip
 #: case -> (config, extra options, sha256 of global.pt, sha256 of the metrics without times)
 CASES: dict[str, tuple[str, list[str], str, str]] = {
     "quickstart_target": (
         "quickstart", [*SEQUENTIAL, "--loop.target_acc", "0.1"],
-        "67bc084778b780747809a6034052e8b31f3fc7874402ca1b7f19000c8587a218",
-        "2d86d6e4a781f9dc2101d54636772258707d0b3b9e9396b10da46f18531e39ee",
+        "6a57a733a0e61577756d7cb0b846383cfd0031fcd6e2e242087c388a2cc50f2f",
+        "5423c2b3e7e5bdda784ef8a2e1777688d4cf419f73edc93b4c97ad433f3ce379",
     ),
     "fedprox": (
         "fedprox", SEQUENTIAL,
-        "501dba0db43a740ba3021c8b4bda2d6d406a6874bd494704951a7e50d60505f7",
-        "f655e79783247d0b0c5c083b68bfa1d2a606c9fce3f17931897c66781759630c",
+        "74746ff7b821ce05908bf118ef5039818812ee0e7549da31e7cf61e1edaf60da",
+        "c21c03d469dd056c7bd0b8c8cae3ddf3132096f9654d9ed38d44b2bfd9ce070f",
     ),
     "scaffold": (
         "scaffold", SEQUENTIAL,
-        "53b0397facdf71eb16b74aa3d372555057b6cca81f9bf8c92c4be772c59af5c4",
-        "a231072eab07aec3bf9a33a3c81a0c04f802f91ee77f5872732261e98caa0111",
+        "6f8c37169b3e8d58ee44f54cba5b99de1297068c90e0285bf9ad3f3ae9ed1d07",
+        "c3260a9fd3d677963bb9487c9e0c2ad1e26d473a2c7fd22b847547d95328e3f5",
     ),
     "fedcross": (
         "fedcross", SEQUENTIAL,
-        "75a406445cd4ddda81135bf8885b3fe9222400505a1cfc8747eefb02de0c8611",
-        "77c794bc26daaaae80e84dd27f91b53916b09e917cc189ed6270b9b58ebb9683",
+        "45a96b8575f6d36653ac2370cfcec7f3b3790f49302bd863cd1e266096714b9a",
+        "67ab15c4073ee5eceed1d1c7cce5f0019816d97011197cd99ccf63080bb09c06",
     ),
     "byzantine": (
         "byzantine", SEQUENTIAL,
-        "d3bc62af210c11518d6eca8e203baad4315089cb248502dfd0878e2631430c0b",
-        "8de2032304d100fe06f6eb967e3f6f13dd798f5a1ec488615c9ccb06df153fc2",
+        "6a9b111050880fd03c30e796aa106d11f827eb5737026b34ae13ddbbeab6c690",
+        "fc11301f5c5dde5468b27953e3313573c1d7027ef3e48e2d5809968ef39a681b",
     ),
     "dp_fedavg": (
         "dp_fedavg", COHORT,
-        "e4bc726e14fdf45a2f5eeb4663ea23e925b62108d50ae038d9c50ca06e1b5f18",
-        "4a877d7aa8dd6d11c66753c51a1fa918d44300cf6053971358e69e7f62dbcd8b",
+        "e8cb9ce7239505569fd7bc0a19126f22de8fc1770579e6100d3ceaf65b4c8b20",
+        "f8c6838a8e6cef28660cfee9590fee608d0998041b33be62752a83861ef608f8",
     ),
     "heteroavg_resnet": (
         "heteroavg_resnet", SEQUENTIAL,
-        "6241f14f1e6ddaa717f6040a92027311d2aab2de25a02cfd8d9c316dc8bc673c",
-        "501eb678f8e12f7e786621eb3539a4b0292efd2f37bb40a71af6cfb169a720a5",
+        "575ff98d84e51ddf6fe934f24c52a1e488018ec886fa851d6d61b8f7a04e856b",
+        "6f5866a0fab02534f6b6b4b55018f851838b7069db674479ac51af9151ff3cd2",
     ),
 }  # fmt: skip
 #: the cases over a few CPU-seconds each (the ResNets): run by `make test-all`
@@ -70,7 +79,8 @@ SLOW = {"heteroavg_resnet"}
 
 
 def _run(case: str, run_dir: Path) -> tuple[str, str]:
-    """Run ``case``; the sha256 of its ``global.pt`` and of its metrics without wall times."""
+    """Run ``case``; the sha256 of its ``global.pt`` and of its metrics without wall times (the
+    accountant's columns at the digits :func:`pinned_kernels.comparable` keeps)."""
     config, extra, _, _ = CASES[case]
     sys.argv = ["fedlightning"]
     main(["fit", "--config", str(CONFIGS / f"{config}.yaml"), "--loop.run_dir", str(run_dir),
@@ -78,7 +88,7 @@ def _run(case: str, run_dir: Path) -> tuple[str, str]:
     model = hashlib.sha256((run_dir / "global.pt").read_bytes()).hexdigest()
     with open(run_dir / "metrics.csv") as handle:
         rows = [
-            sorted((k, v) for k, v in row.items() if not k.endswith("_s"))
+            sorted((k, comparable(k, v)) for k, v in row.items() if not k.endswith("_s"))
             for row in csv.DictReader(handle)
         ]
     return model, hashlib.sha256(repr(rows).encode()).hexdigest()
@@ -99,6 +109,7 @@ if __name__ == "__main__":  # re-record: prints each case's hashes
     import torch
 
     torch.set_num_threads(1)
+    assert KERNELS == RECORDED_UNDER, "update RECORDED_UNDER with the hashes"
     with tempfile.TemporaryDirectory() as folder:
         for name in CASES:
             print(name, *_run(name, Path(folder) / name))
