@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,14 +11,15 @@ import torch
 
 from fedlightning.data import partition as P
 from fedlightning.data.client_partition import partition_clients
+from fedlightning.data.client_splits import ClientSplits
 from fedlightning.data.datamodule_checks import check_data_options
 from fedlightning.data.loader import TensorBatches, device_copy
 from fedlightning.data.ragged import Ragged
 from fedlightning.data.sources import DataSplit, load_source, resize_images
-from fedlightning.data.val_split import holdout, validation_from_test
+from fedlightning.data.val_split import holdout, stratified_holdout, validation_from_test
 
 
-class FederatedDataModule(pl.LightningDataModule):
+class FederatedDataModule(ClientSplits, pl.LightningDataModule):
     """A data set partitioned over ``num_clients`` clients (docs/algorithms.md section 4).
 
     Args:
@@ -33,7 +33,10 @@ class FederatedDataModule(pl.LightningDataModule):
         download: let torchvision fetch missing files (off by default: runs never download).
         num_clients: number of clients N. With ``natural``, the first N writers are used.
         partition: ``iid``, ``dirichlet`` (label skew, ``beta``, ``min_size``), ``shards``
-            (``shards_per_client`` label-sorted shards each) or ``natural`` (the data set's users);
+            (``shards_per_client`` label-sorted shards each), ``pathological`` (exactly
+            ``classes_per_client`` classes each), ``quantity`` (client sizes from a log-normal or
+            power law, labels IID: ``quantity_distribution``, ``quantity_skew``, ``min_size``) or
+            ``natural`` (the data set's users);
             or a Flower Datasets partitioner by name: ``flwr.iid``, ``flwr.dirichlet``,
             ``flwr.pathological``, ``flwr.shard``, ``flwr.natural_id``... (with
             ``partition_options``; needs ``flwr-datasets``; see fedlightning.data.flower).
@@ -45,12 +48,22 @@ class FederatedDataModule(pl.LightningDataModule):
         beta: Dirichlet concentration (> 0); smaller is more skewed.
         min_size: Dirichlet redraws until every client has at least this many samples.
         shards_per_client: shards (and so at most this many classes) per client.
+        classes_per_client: ``pathological``: the classes of each client
+            (:func:`fedlightning.data.skew.pathological`).
+        quantity_distribution: ``quantity``: ``lognormal`` or ``powerlaw`` client sizes
+            (:func:`fedlightning.data.skew.quantity_skew`).
+        quantity_skew: ``quantity``: the log-normal's sigma, or the power law's exponent.
         val_fraction: share of each client's samples held out as its validation split, in [0, 1).
         val_from_test: if > 0, this share of the test set (FML: 0.2, "1/5 test data as private
             validate data") is held out and dealt to the clients as their validation splits, class
             by class in proportion to each client's training counts
             (:func:`fedlightning.data.val_split.proportional_split`); the rest is the global test
             set and clients train on all their samples (``val_fraction`` is not used).
+        client_test_fraction: if > 0, this share of each client's samples, class by class
+            (:func:`fedlightning.data.val_split.stratified_holdout`: it follows the client's label
+            distribution), is the client's own test split, which personalized evaluation scores
+            (``personal_acc``); held out before the validation split. 0 (the default): none, and
+            the partition is what it was without the option.
         batch_size: local training batch size B.
         eval_batch_size: batch size for evaluation.
         seed: seed of the partition, the train/val splits and synthetic data.
@@ -76,6 +89,8 @@ class FederatedDataModule(pl.LightningDataModule):
             "dirichlet",
             "shards",
             "natural",
+            "quantity",
+            "pathological",
             "flwr.iid",
             "flwr.dirichlet",
             "flwr.pathological",
@@ -89,8 +104,12 @@ class FederatedDataModule(pl.LightningDataModule):
         beta: float = 0.5,
         min_size: int = 10,
         shards_per_client: int = 2,
+        classes_per_client: int = 2,
+        quantity_distribution: Literal["lognormal", "powerlaw"] = "lognormal",
+        quantity_skew: float = 1.0,
         val_fraction: float = 0.1,
         val_from_test: float = 0.0,
+        client_test_fraction: float = 0.0,
         batch_size: int = 32,
         eval_batch_size: int = 1024,
         seed: int = 0,
@@ -115,6 +134,7 @@ class FederatedDataModule(pl.LightningDataModule):
         check_data_options(
             dataset, partition, num_clients, beta, writer_min_samples, writer_top_k,
             writer_test_fraction, val_from_test, val_fraction, batch_size, eval_batch_size, resize,
+            client_test_fraction,
         )  # fmt: skip
         self.save_hyperparameters()
         self.dataset = dataset
@@ -125,6 +145,12 @@ class FederatedDataModule(pl.LightningDataModule):
         self.beta = beta
         self.min_size = min_size
         self.shards_per_client = shards_per_client
+        self.skew_options = dict(
+            classes_per_client=classes_per_client,
+            distribution=quantity_distribution,
+            skew=quantity_skew,
+        )
+        self.client_test_fraction = client_test_fraction
         self.val_fraction = val_fraction if val_from_test == 0 else 0.0
         self.val_from_test = val_from_test
         self.batch_size = batch_size
@@ -150,6 +176,7 @@ class FederatedDataModule(pl.LightningDataModule):
         # all clients (fedlightning.data.ragged), set by setup
         self._train_idx: Ragged | None = None
         self._val_idx: Ragged | None = None
+        self._client_test_idx: Ragged | None = None  # each client's own test rows (or None)
         self._test_idx: torch.Tensor | None = None  # the global test set's rows (None: all)
         # the training pool on the fitting device (see place_training_data); None: on the CPU
         self._device_pool: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -201,7 +228,11 @@ class FederatedDataModule(pl.LightningDataModule):
         parts = partition_clients(
             self.partition, labels, self.num_clients, seed, self.beta, self.min_size,
             self.shards_per_client, self.partition_options, self.data.client_ids,
+            self.skew_options,
         )  # fmt: skip
+        if self.client_test_fraction > 0:
+            parts, test = stratified_holdout(parts, labels, self.client_test_fraction, seed)
+            self._client_test_idx = test.torch()
         train, val = holdout(parts, self.val_fraction, seed)
         if self.val_from_test > 0:
             val, self._test_idx = validation_from_test(
@@ -209,14 +240,6 @@ class FederatedDataModule(pl.LightningDataModule):
                 self.val_from_test, seed,
             )  # fmt: skip
         self._train_idx, self._val_idx = train.torch(), val.torch()
-
-    def _val_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where the validation indices point: the test set with ``val_from_test``, else the
-        training pool."""
-        data = self.data
-        return (
-            (data.test_x, data.test_y) if self.val_from_test > 0 else (data.train_x, data.train_y)
-        )
 
     # -- per-client data ------------------------------------------------------------------------
     def client_num_samples(self, client_id: int) -> int:
@@ -247,28 +270,6 @@ class FederatedDataModule(pl.LightningDataModule):
         state = self.__dict__.copy()
         state["_device_pool"] = None
         return state
-
-    def client_val_dataloader(self, client_id: int) -> TensorBatches:
-        idx = self._val_idx[client_id]
-        x, y = self._val_pool()
-        return TensorBatches(x[idx], y[idx], self.eval_batch_size)
-
-    def client_val_data(
-        self, client_ids: Sequence[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The validation samples of ``client_ids`` (``None``: every client) at once:
-        ``(x, y, client_id)``, by client."""
-        if client_ids is None:  # the flat index as stored
-            idx = self._val_idx.values
-            owners = torch.from_numpy(self._val_idx.owners())
-        else:
-            ids = list(client_ids)
-            parts = [self._val_idx[c] for c in ids]
-            idx = torch.cat(parts) if parts else self._val_idx.values[:0]
-            sizes = torch.tensor([len(part) for part in parts], dtype=torch.int64)
-            owners = torch.repeat_interleave(torch.tensor(ids, dtype=torch.int64), sizes)
-        x, y = self._val_pool()
-        return x[idx], y[idx], owners
 
     def test_dataloader(self) -> TensorBatches:
         """The global test set (the source's test split, less the rows ``val_from_test`` holds out)."""

@@ -22,6 +22,7 @@ def check_data_options(
     batch_size: int,
     eval_batch_size: int,
     resize: int | None,
+    client_test_fraction: float = 0.0,
 ) -> None:
     """Raise :class:`~fedlightning.errors.ConfigurationError` on the first option out of range."""
     if dataset not in SOURCES:
@@ -50,6 +51,10 @@ def check_data_options(
         )
     if not 0.0 <= val_from_test < 1.0:
         raise ConfigurationError(f"val_from_test must lie in [0, 1), got {val_from_test}")
+    if not 0.0 <= client_test_fraction < 1.0:
+        raise ConfigurationError(
+            f"client_test_fraction must lie in [0, 1), got {client_test_fraction}"
+        )
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigurationError(f"val_fraction must lie in [0, 1), got {val_fraction}")
     if batch_size < 1 or eval_batch_size < 1:

@@ -118,5 +118,26 @@ class Ragged(Sequence):
         return Ragged(np.asarray(self.numpy().values)[mask], kept[self.offsets])
 
 
+def client_rows(
+    parts: Ragged, x: torch.Tensor, y: torch.Tensor, client_ids: Sequence[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, y, client_id)`` of the rows ``parts`` (torch values) gives ``client_ids`` (``None``:
+    every part, as stored), by client.
+
+    >>> parts = Ragged.from_parts([np.array([2]), np.array([0, 1])]).torch()
+    >>> [t.tolist() for t in client_rows(parts, torch.arange(3) * 10, torch.arange(3), [1])]
+    [[0, 10], [0, 1], [1, 1]]
+    """
+    if client_ids is None:
+        idx, owners = parts.values, torch.from_numpy(parts.owners())
+    else:
+        ids = list(client_ids)
+        chosen = [parts[c] for c in ids]
+        idx = torch.cat(chosen) if chosen else parts.values[:0]
+        sizes = torch.tensor([len(part) for part in chosen], dtype=torch.int64)
+        owners = torch.repeat_interleave(torch.tensor(ids, dtype=torch.int64), sizes)
+    return x[idx], y[idx], owners
+
+
 def _offsets(sizes: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)

@@ -60,6 +60,45 @@ def holdout(parts: Ragged, fraction: float, seed: int) -> tuple[Ragged, Ragged]:
     return parts.take(~held).sorted(), parts.take(held).sorted()
 
 
+def stratified_holdout(
+    parts: Ragged, labels: np.ndarray, fraction: float, seed: int
+) -> tuple[Ragged, Ragged]:
+    """``(train, test)``, each part sorted: each client's own test split, following its label
+    distribution. Client c's ``n_{c,k}`` samples of class k (``labels`` of the pool ``parts``
+    index) contribute ``floor(n_{c,k} * fraction + 1/2)`` to its test split: the first of them in
+    the client's shuffle by ``torch.randperm`` from a generator seeded with
+    ``derive_seed(seed, "test-split", c)``; the rest stay for training (and validation).
+
+    >>> labels = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
+    >>> train, test = stratified_holdout(Ragged.from_parts([np.arange(12)]), labels, 0.25, 0)
+    >>> np.bincount(labels[test[0]]).tolist(), len(train[0])
+    ([1, 2], 9)
+    """
+    parts = parts.numpy()
+    labels = np.asarray(labels)
+    held = np.zeros(len(parts.values), dtype=bool)
+    generator = torch.Generator()
+    for cid, (start, stop) in enumerate(zip(parts.offsets[:-1], parts.offsets[1:], strict=True)):
+        if stop == start:
+            continue
+        generator.manual_seed(derive_seed(seed, "test-split", cid))
+        order = torch.randperm(int(stop - start), generator=generator).numpy()
+        classes = labels[parts.values[start + order]]
+        counts = np.bincount(classes)
+        wanted = np.floor(counts * fraction + 0.5).astype(np.int64)
+        # the rank of each shuffled sample among its class's: the first `wanted` of a class go
+        rank = np.empty(len(order), np.int64)
+        by_class = np.argsort(classes, kind="stable")
+        rank[by_class] = np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts)
+        held[start + order[rank < wanted[classes]]] = True
+        if (~held[start:stop]).sum() < 1:
+            raise ConfigurationError(
+                f"client {cid} has {stop - start} samples, none left for training after "
+                f"client_test_fraction={fraction}: lower it or num_clients"
+            )
+    return parts.take(~held).sorted(), parts.take(held).sorted()
+
+
 def proportional_split(labels: np.ndarray, counts: np.ndarray, seed: int) -> Ragged:
     """One sorted index array (into ``labels``) per client.
 
