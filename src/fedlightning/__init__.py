@@ -45,6 +45,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".protocol": "Payload Upload", ".state": "ClientStore", ".server.base": "Aggregator",
     ".server.fedadam": "FedAdam", ".server.fedavg": "FedAvg", ".server.fedavgm": "FedAvgM",
     ".server.fedcross": "FedCross", ".server.fednova": "FedNova", ".server.inco": "InCo",
-    ".server.scaffold": "Scaffold",
+    ".server.scaffold": "Scaffold", ".loop.personal_options": "PersonalEvaluation",
 })  # fmt: skip
 __version__ = "0.1.0"

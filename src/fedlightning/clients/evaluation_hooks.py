@@ -10,15 +10,29 @@ owns, copied once per run from the objective's client groups, in eval mode and w
   (default: the weights);
 - :meth:`~EvaluationHooks.prepare_evaluation`: called with every client's state before an
   evaluation (FML assembles its clients' heads);
-- :meth:`~EvaluationHooks.evaluate_clients`: extra metrics over the clients (FML's personal
-  models), scored through networks of the scoring path (:class:`~fedlightning.scoring.
+- :meth:`~EvaluationHooks.evaluate_clients`: extra metrics over the clients (FML's adaptor
+  heads), scored through networks of the scoring path (:class:`~fedlightning.scoring.
   ScoringNetworks`).
+
+Personalized evaluation (docs/algorithms.md section 10): every client scores the model it would
+deploy on its own held-out split. An objective says what that model is, and the loop scores it
+(:mod:`fedlightning.loop.personal`):
+
+- :attr:`~EvaluationHooks.personalized`: the objective's clients deploy models of their own, so the
+  loop scores them by default;
+- :meth:`~EvaluationHooks.personal_state`: client i's deployed weights, from the server's
+  deployable and the client's persistent state (default: the deployable itself, as a global
+  method deploys the global model);
+- :meth:`~EvaluationHooks.personal_network`: the network those weights are loaded into when it is
+  not the deployable's architecture (FML's personal model; default: none);
+- :meth:`~EvaluationHooks.personal_defaults`: the objective's own personalization step, as options
+  of ``loop.personal`` (FedBABU's fine-tuning; default: none).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -30,8 +44,45 @@ if TYPE_CHECKING:
     from fedlightning.state import ClientStore
 
 
+class PersonalNetwork(NamedTuple):
+    """A client's deployed network when it is not the deployable's architecture: ``name`` (the
+    registered model name, saved with the model in ``personal.pt``; it also keys the scoring
+    network, one per name) and ``build`` (builds an untrained one; evaluation loads the client's
+    weights into it)."""
+
+    name: str
+    build: Callable[[], nn.Module]
+
+
 class EvaluationHooks:
     """The scoring hooks of :class:`~fedlightning.clients.ClientModule` (module docstring)."""
+
+    #: each client deploys a model of its own (personalized FL): the loop scores every client's
+    #: deployed model on its own split unless ``loop.personal`` says otherwise
+    personalized: ClassVar[bool] = False
+
+    def personal_state(
+        self, client_id: int, state: Mapping[str, Any], deployed: StateDict
+    ) -> StateDict | None:
+        """The weights client ``client_id`` would deploy now, from ``deployed`` (the server's
+        deployable of the client's architecture: what it would download) and its persistent
+        ``state`` (``{}`` before its first fit; read, never modified). ``None``: the client has
+        no model to deploy yet, and is not scored. The default is ``deployed`` (a global method's
+        client deploys the global model; ``loop.personal``'s fine-tuning then personalizes it).
+        The weights are loaded into :meth:`personal_network`'s module, or else into the
+        deployable's scoring network through :meth:`scoring_state`."""
+        return deployed
+
+    def personal_defaults(self) -> dict[str, Any]:
+        """The options of :class:`~fedlightning.loop.personal_options.PersonalEvaluation` the
+        objective's own personalization step needs when ``loop.personal`` is null (FedBABU's
+        fine-tuning epochs); default: none."""
+        return {}
+
+    def personal_network(self, client_id: int) -> PersonalNetwork | None:
+        """The network client ``client_id``'s :meth:`personal_state` is loaded into when it is not
+        the deployable's architecture (default ``None``: it is)."""
+        return None
 
     def scoring_network(self, network: nn.Module) -> nn.Module:
         """The module evaluation scores for a deployable of ``network``'s architecture, built

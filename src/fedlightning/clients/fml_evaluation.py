@@ -1,28 +1,74 @@
-"""FML's per-client metrics: each client's personal model and, with adaptor heads, its meme model
-(the global backbone with its own head), scored on the client's validation split through networks
-of the scoring path, never the objective's own modules (docs/algorithms.md sections 1.6 and 6.1).
+"""What FML deploys and scores (docs/algorithms.md sections 1.6 and 10).
+
+Each client deploys its personal model: :class:`FMLEvaluation` tells the loop's personalized
+evaluation so (``personal_state``, ``personal_network``), and the loop scores it on the client's
+own split through the one scoring path (``personal_acc``, :mod:`fedlightning.loop.personal`).
+With adaptor heads the personal model predicts within the client's label space
+(:class:`LabelMasked`), and FML adds ``adaptor_acc``: each client's meme model (the global
+backbone with its own head) on its validation split, scored through networks of the scoring path,
+never the objective's own modules.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from fedlightning.clients.fml_heads import HeadedBackbone, masked_hits
+from fedlightning.clients.evaluation_hooks import PersonalNetwork
+from fedlightning.clients.fml_heads import HeadedBackbone, mask_logits, masked_hits
 from fedlightning.metrics import accuracy_distribution
+from fedlightning.protocol import StateDict
 from fedlightning.scoring import ScoringNetworks
 
 if TYPE_CHECKING:
     from fedlightning.state import ClientStore
 
 
-class PersonalEvaluation:
-    """:meth:`evaluate_clients` of :class:`~fedlightning.clients.FML` (mixed into it)."""
+class LabelMasked(nn.Module):
+    """``network``'s logits with the classes outside ``mask`` masked (:func:`~fedlightning.
+    clients.fml_heads.mask_logits`): a personal model of FML with adaptor heads, which predicts
+    within its client's label space. Its state: ``network.*`` and the bool buffer ``mask``."""
+
+    def __init__(self, network: nn.Module, num_classes: int) -> None:
+        super().__init__()
+        self.network = network
+        self.register_buffer("mask", torch.ones(num_classes, dtype=torch.bool))
+
+    @staticmethod
+    def state(network: StateDict, mask: Tensor) -> StateDict:
+        return {**{f"network.{k}": v for k, v in network.items()}, "mask": mask}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return mask_logits(self.network(x), self.mask)
+
+
+class FMLEvaluation:
+    """The evaluation hooks of :class:`~fedlightning.clients.FML` (mixed into it)."""
+
+    personalized: ClassVar[bool] = True
+
+    def personal_state(
+        self, client_id: int, state: Mapping[str, Any], deployed: StateDict
+    ) -> StateDict | None:
+        """The client's personal model (``None`` before its first fit: it has none yet); with
+        adaptor heads, with its label-space mask."""
+        personal = state.get("personal")
+        if personal is None or self.adaptor_features is None:
+            return personal
+        return LabelMasked.state(personal, self.label_spaces[client_id])  # type: ignore[index]
+
+    def personal_network(self, client_id: int) -> PersonalNetwork:
+        """The client's personal architecture (masked to its label space with adaptor heads)."""
+        name = self.personal_name(client_id)
+        build: Callable[[], nn.Module] = functools.partial(self._build_personal, name)
+        if self.adaptor_features is not None:
+            build = functools.partial(_masked, build, self.num_classes)
+        return PersonalNetwork(name, build)
 
     def evaluate_clients(
         self,
@@ -33,74 +79,54 @@ class PersonalEvaluation:
         *,
         scoring: ScoringNetworks | None = None,
     ) -> dict[str, float]:
-        """Personal models on their own clients' validation splits (clients without validation
-        samples left out):
+        """With adaptor heads, each client's meme model (the global backbone,
+        ``scoring.deployables["global"]``, with the client's own head) on its validation split,
+        predicting within its label space: ``adaptor_acc``, the mean over this round's
+        ``client_ids``, and ``adaptor_acc_all`` with its distribution (:mod:`fedlightning.
+        metrics`) over every client that holds a head (clients without validation samples left
+        out). Nothing without adaptor heads (the personal models are the loop's
+        ``personal_acc``).
 
-        * ``personal_acc``: the mean over this round's ``client_ids``;
-        * with adaptor heads, predictions are restricted to each client's label space, and
-          ``adaptor_acc`` (``adaptor_acc_all``...) scores each client's meme model, the global
-          backbone (``scoring.deployables["global"]``) with the client's own head, the same way;
-        * ``personal_acc_all`` (with ``_weighted``, ``_std``, ``_min``, ``_worst10``: the
-          distribution of :mod:`fedlightning.metrics`): every client that holds a
-          personal model, i.e. every client that has trained at least once, sampled this round or
-          not (``personal_clients`` counts them).
-
-        Without ``scoring`` (a direct call), the networks are built for this call, in the dtype of
-        the objective's network.
-        """
+        Without ``scoring`` (a direct call), the networks are built for this call, in the dtype
+        of the objective's network."""
+        if self.adaptor_features is None:
+            return {}
         if scoring is None:
             scoring = ScoringNetworks(device, next(self.network.parameters()).dtype)
-        everyone = [cid for cid in store.client_ids() if "personal" in store.get(cid)]
-        heads = self.adaptor_features is not None
-        if heads and "global" not in scoring.deployables:
+        if "global" not in scoring.deployables:
             raise ValueError(
                 "FML adaptor heads score each client's head on the global backbone: pass a "
                 "ScoringNetworks whose deployables hold 'global'"
             )
-        hits: dict[int, tuple[int, int]] = {}
-        adaptor: dict[int, tuple[int, int]] = {}
+        everyone = [cid for cid in store.client_ids() if "head" in store.get(cid)]
+        hits = {}
         with torch.no_grad():
             for cid in everyone:
-                personal, meme_hits, count = self._client_hits(
-                    cid, store.get(cid), scoring, val_dataloader, device, heads
-                )
-                hits[cid], adaptor[cid] = (personal, count), (meme_hits, count)
-        results = _accuracies(hits, client_ids, everyone, "personal_acc")
-        if heads:
-            results.update(_accuracies(adaptor, client_ids, everyone, "adaptor_acc"))
+                hits[cid] = self._meme_hits(cid, store.get(cid), scoring, val_dataloader, device)
+        results = _accuracies(hits, client_ids, everyone, "adaptor_acc")
         if everyone:
-            results["personal_clients"] = float(len(everyone))
+            results["adaptor_clients"] = float(len(everyone))
         return results
 
-    def _client_hits(
+    def _meme_hits(
         self,
         cid: int,
         state: dict[str, Any],
         scoring: ScoringNetworks,
         val_dataloader: Callable[[int], Iterable[tuple[Tensor, Tensor]]],
         device: torch.device,
-        heads: bool,
-    ) -> tuple[int, int, int]:
-        """``(personal hits, meme hits, samples)`` of client ``cid`` (its stored ``state``) on its
-        validation split; with adaptor ``heads`` within the client's own label space (else no
-        meme hits)."""
-        name = self.personal_name(cid)
-        build = functools.partial(self._build_personal, name)
-        model = scoring.load(f"FML_personal_{name}", state["personal"], build)
-        dtype = next(model.parameters()).dtype
-        if heads:
-            meme = scoring.load("FML_meme", _meme_state(scoring, state["head"]), self._meme_network)
-            mask = self.label_spaces[cid]  # type: ignore[index]
-        personal, meme_hits, count = 0, 0, 0
+    ) -> tuple[int, int]:
+        """``(hits, samples)`` of client ``cid``'s meme model on its validation split, within
+        its label space."""
+        meme = scoring.load("FML_meme", _meme_state(scoring, state["head"]), self._meme_network)
+        dtype = next(meme.parameters()).dtype
+        mask = self.label_spaces[cid]  # type: ignore[index]
+        hits, count = 0, 0
         for x, y in val_dataloader(cid):
             x, y = x.to(device, dtype), y.to(device)
-            if heads:  # predictions within the client's own label space
-                personal += masked_hits(model(x), y, mask)
-                meme_hits += masked_hits(meme(x), y, mask)
-            else:
-                personal += int((model(x).argmax(dim=1) == y).sum())
+            hits += masked_hits(meme(x), y, mask)
             count += len(y)
-        return personal, meme_hits, count
+        return hits, count
 
     def _meme_network(self) -> HeadedBackbone:
         """A client's meme model for scoring: a copy of the server model's architecture (the
@@ -108,6 +134,10 @@ class PersonalEvaluation:
         groups = self.client_groups
         backbone = copy.deepcopy(groups.networks[groups.server_index])
         return HeadedBackbone(backbone, self.adaptor_features, self.num_classes)
+
+
+def _masked(build: Callable[[], nn.Module], num_classes: int) -> LabelMasked:
+    return LabelMasked(build(), num_classes)
 
 
 def _meme_state(scoring: ScoringNetworks, head: dict[str, Tensor]) -> dict[str, Tensor]:

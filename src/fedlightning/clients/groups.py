@@ -129,6 +129,13 @@ class ClientGroups:
         names = self.names
         return [ClientKeys(names[g], keys[g]) for g in assign_groups(num_clients, len(names))]
 
+    def group_of(self, client_id: int, num_clients: int) -> str | None:
+        """Client ``client_id``'s group name (:func:`assign_groups`; ``None`` without at least
+        two groups: it trains the one network)."""
+        if len(self.names) < 2:
+            return None
+        return self.names[assign_groups(num_clients, len(self.names))[client_id]]
+
     def server_parameter_names(self) -> frozenset[str]:
         """The trainable parameters' state_dict keys of the server model (the network whose keys
         contain every other's); every other entry is a buffer."""

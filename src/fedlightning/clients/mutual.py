@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
-from fedlightning.clients.fml_evaluation import PersonalEvaluation
+from fedlightning.clients.fml_evaluation import FMLEvaluation
 from fedlightning.clients.fml_heads import AdaptorHeads, mask_logits
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.models import create_model
@@ -46,7 +46,7 @@ def dml_losses(
     return mixed(out_meme, out_local, beta), mixed(out_local, out_meme, alpha)
 
 
-class FML(PersonalEvaluation, AdaptorHeads, ClientModule):
+class FML(FMLEvaluation, AdaptorHeads, ClientModule):
     """Federated mutual learning (docs/algorithms.md 1.6): on every batch the meme model (the
     dispatched global model, ``network``) and the client's personal model see the same ``x``; the
     local objective is ``loss_meme + loss_local`` (:func:`dml_losses`, each partner detached), so
@@ -61,13 +61,14 @@ class FML(PersonalEvaluation, AdaptorHeads, ClientModule):
     the meme's); that group's state (momentum, Adam moments) carries across rounds in the
     ClientStore, while the meme's is fresh every round. Steps (and ``local_steps``) count batches.
 
-    :meth:`evaluate_clients` reports ``personal_acc``: each participating client's personal model
-    on its own validation split, averaged over those clients (unweighted, like ``val_acc``), and
-    ``personal_acc_all``: the same over every client that holds a personal model
-    (:mod:`fedlightning.clients.fml_evaluation`).
+    Each client deploys its personal model: the loop's personalized evaluation scores every client
+    that holds one on its own split (``personal_acc`` with its distribution,
+    :mod:`fedlightning.loop.personal`; the validation split unless the data has client test
+    splits), and with adaptor heads FML adds ``adaptor_acc`` (:mod:`fedlightning.clients.
+    fml_evaluation`).
 
     With ``alpha = 1`` the personal model's loss is its own CE only (the meme's output enters
-    neither its loss nor its gradient), so ``personal_acc_all`` is then the paper's
+    neither its loss nor its gradient), so ``personal_acc`` is then the paper's
     independent-training (local only) baseline.
 
     Training metrics (tracked per batch, the same on every backend): ``train_loss`` is the meme

@@ -13,6 +13,7 @@ from fedlightning.compute import PRECISIONS
 from fedlightning.determinism import check_deterministic
 from fedlightning.errors import require
 from fedlightning.loop.checks import check_seed
+from fedlightning.loop.personal_options import PersonalEvaluation
 from fedlightning.loop.sampling import SAMPLINGS
 from fedlightning.privacy.dp_sgd import DPSGD
 
@@ -45,6 +46,7 @@ def check_arguments(
     client_sampling: str,
     dp_sgd: Any,
     deterministic: Any,
+    personal: Any = None,
     **_: Any,
 ) -> None:
     """Check the FederatedLoop's arguments (the others are checked where they are used).
@@ -52,6 +54,10 @@ def check_arguments(
     One ``require`` per option, in a flat list: longer than 60 lines because the loop has that
     many options, and split it would only scatter them."""
     check_seed(seed)
+    require(
+        personal is None or isinstance(personal, PersonalEvaluation),
+        "loop.personal", personal, "null or a fedlightning.PersonalEvaluation",
+    )  # fmt: skip
     check_deterministic(deterministic)
     require(
         client_sampling in SAMPLINGS,

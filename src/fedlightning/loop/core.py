@@ -29,6 +29,7 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.loop.arguments import check_arguments
 from fedlightning.loop.checkpoint import read_checkpoint
 from fedlightning.loop.options import RunOptions, fit_config_from, reporter_from
+from fedlightning.loop.personal_options import PersonalEvaluation
 from fedlightning.loop.rounds import Rounds
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
@@ -142,6 +143,10 @@ class FederatedLoop:
             ``fedlightning.privacy.ClientLevelDP`` needs (docs/algorithms.md section 7.1).
         dp_sgd: sample-level differential privacy in every client fit
             (:class:`fedlightning.privacy.DPSGD`, docs/algorithms.md section 7.2); null: off.
+        personal: personalized evaluation (:class:`~fedlightning.loop.personal_options.
+            PersonalEvaluation`: each client's deployed model, optionally fine-tuned, on its own
+            held-out split: ``personal_acc``; docs/algorithms.md section 10). Null: on with its
+            defaults for personalized objectives (FedPer, FML...), off for global ones.
         deterministic: ``true``: deterministic algorithms everywhere the run computes (torch's,
             cuDNN's, cuBLAS's workspace), so that a seed repeats bit for bit on the GPU too; an op
             without a deterministic implementation stops the run naming it; ``warn``: such an op
@@ -189,6 +194,7 @@ class FederatedLoop:
         client_sampling: Literal["fixed", "poisson"] = "fixed",
         dp_sgd: DPSGD | None = None,
         deterministic: bool | Literal["warn"] = True,
+        personal: PersonalEvaluation | None = None,
     ) -> None:
         self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
         check_arguments(**self.init_args)
@@ -197,6 +203,7 @@ class FederatedLoop:
         self.aggregator = aggregator if aggregator is not None else FedAvg()
         self.backend = backend if backend is not None else AutoBackend()
         self.attack, self.dp_sgd, self.target_acc = attack, dp_sgd, target_acc
+        self.personal = personal
         self.fit_config = fit_config_from(self.init_args)
         self.client_sampling, self.eval_every, self.val_clients = (
             client_sampling,

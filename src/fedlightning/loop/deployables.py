@@ -25,6 +25,8 @@ from fedlightning.loop.scoring_model import SavedModel
 
 MODELS_FILE = "models.pt"
 MODELS_FORMAT = "fedlightning-models-1"
+PERSONAL_FILE = "personal.pt"
+PERSONAL_FORMAT = "fedlightning-personal-1"
 
 
 def save_models(models: dict[str, SavedModel], rounds: int, run_dir: Path) -> None:
@@ -32,6 +34,14 @@ def save_models(models: dict[str, SavedModel], rounds: int, run_dir: Path) -> No
     <fedlightning.loop.scoring_model.ScoringModel.saved>`'s entries after ``rounds`` rounds."""
     saved = {"format": MODELS_FORMAT, "round": rounds, "models": models}
     atomic_save(saved, run_dir / MODELS_FILE, on_cpu=True)
+
+
+def save_personal_models(saved: dict[str, Any], run_dir: Path) -> None:
+    """Write ``run_dir/personal.pt``: the clients' deployed models as the run's last evaluation
+    scored them (after fine-tuning), ``{"format": PERSONAL_FORMAT, "round": r, "split": "test" |
+    "val", "clients": {client_id: {"architecture": str | None, "state_dict": ...}}}``
+    (:mod:`fedlightning.loop.personal`, docs/algorithms.md section 10)."""
+    atomic_save({"format": PERSONAL_FORMAT, **saved}, run_dir / PERSONAL_FILE, on_cpu=True)
 
 
 def read_models(path: Path) -> tuple[int, dict[str, SavedModel]]:

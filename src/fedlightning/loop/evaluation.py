@@ -6,8 +6,9 @@ docs/algorithms.md section 6.1) on the global test set (``test_acc``, ``test_los
 than ``"global"`` prefixed by their name, e.g. ``resnet10/test_acc``), the global model on the
 validation splits of the round's scored clients in one batched pass (``val_acc``: the unweighted
 mean over those clients of each client's accuracy, with the distribution's sample-weighted mean,
-std, min and worst 10%: :mod:`fedlightning.metrics`), then the objective adds its own metrics
-(:meth:`ClientModule.evaluate_clients`).
+std, min and worst 10%: :mod:`fedlightning.metrics`), each scored client's deployed model on its
+own split when the run scores them (``personal_acc``: :mod:`fedlightning.loop.personal`), then
+the objective adds its own metrics (:meth:`ClientModule.evaluate_clients`).
 
 The scored clients (``loop.val_clients``, :func:`val_clients`): every client when there are at most
 ``val_clients`` of them (or with ``"all"``), otherwise a sample of ``val_clients`` clients drawn
@@ -39,6 +40,7 @@ from fedlightning.seeding import derive_seed
 
 if TYPE_CHECKING:
     from fedlightning.data.datamodule import FederatedDataModule
+    from fedlightning.loop.personal import PersonalScorer
     from fedlightning.loop.scoring_model import ScoringModel
     from fedlightning.state import ClientStore
 
@@ -46,25 +48,34 @@ ValClients = int | Literal["all"]
 
 
 def val_clients(
-    seed: int, round_index: int, num_clients: int, scored: ValClients
+    seed: int, round_index: int, num_clients: int, scored: ValClients, stream: str = "val_clients"
 ) -> list[int] | None:
     """The clients whose validation splits round ``round_index`` scores: ``None`` for every
     client (``scored`` is ``"all"`` or at least ``num_clients``), else ``scored`` distinct ids
-    drawn uniformly without replacement from a generator seeded by ``(seed, round_index)`` only,
-    in increasing order."""
+    drawn uniformly without replacement from a generator seeded by ``(seed, round_index)`` only
+    (and the draw's name, ``stream``: personalized evaluation draws its own), in increasing
+    order."""
     if scored == "all" or scored >= num_clients:
         return None
-    gen = torch.Generator().manual_seed(derive_seed(seed, "val_clients", round_index))
+    gen = torch.Generator().manual_seed(derive_seed(seed, stream, round_index))
     return sorted(torch.randperm(num_clients, generator=gen)[:scored].tolist())
 
 
 class Evaluator:
     """Scores deployables through ``scoring`` (the run's :class:`~fedlightning.loop.
     scoring_model.ScoringModel`: networks it owns, in eval mode, on its device, under the run's
-    autocast); ``seed`` and ``scored`` choose each round's scored clients (:func:`val_clients`)."""
+    autocast); ``seed`` and ``scored`` choose each round's scored clients (:func:`val_clients`);
+    ``personal`` scores the clients' deployed models (``None``: the run does not)."""
 
-    def __init__(self, scoring: ScoringModel, seed: int = 0, scored: ValClients = "all") -> None:
+    def __init__(
+        self,
+        scoring: ScoringModel,
+        seed: int = 0,
+        scored: ValClients = "all",
+        personal: PersonalScorer | None = None,
+    ) -> None:
         self.scoring = scoring
+        self.personal = personal
         self.device = scoring.device
         self.autocast = scoring.autocast
         self.seed = seed
@@ -137,10 +148,12 @@ class Evaluator:
         client_ids: Sequence[int],
         store: ClientStore,
         round_index: int = 0,
+        last: bool = False,
     ) -> dict[str, float]:
         """Every metric of round ``round_index``'s evaluation (see the module docstring);
         ``client_ids``: the clients whose uploads the round aggregated (for the objective's
-        own metrics)."""
+        own metrics); ``last``: the run's last round (its personal models are kept for
+        ``personal.pt``)."""
         scoring = self.scoring
         scoring.prepare(store, deployables)
         loaders = {name: functools.partial(scoring.load, w) for name, w in deployables.items()}
@@ -149,6 +162,8 @@ class Evaluator:
         if len(y):
             network = scoring.load(deployables["global"])
             results.update(self.client_accuracy(network, x, y, owner, dm.eval_batch_size))
+        if self.personal is not None and self.personal.options.scores(round_index, last):
+            results.update(self.personal.evaluate(dm, deployables, store, round_index, last))
         results.update(scoring.evaluate_clients(client_ids, store, dm.client_val_dataloader))
         return results
 

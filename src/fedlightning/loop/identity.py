@@ -23,8 +23,9 @@ same structure from the CLI and from Python) plus facts derived from the objects
 A resume (:func:`compare_identity`) may change only the options that cannot change the result,
 :data:`RESUME_MAY_CHANGE`:
 
-- ``loop.rounds`` (extending a run), ``loop.eval_every``, ``loop.val_clients`` (which clients
-  an evaluation scores: metrics only), ``loop.checkpoint_every``;
+- ``loop.rounds`` (extending a run), ``loop.eval_every``, ``loop.val_clients`` and
+  ``loop.personal`` (which clients an evaluation scores and how: metrics only),
+  ``loop.checkpoint_every``;
 - reporting: ``loop.loggers``, ``loop.wandb`` and ``loop.wandb_*``, ``loop.plots``,
   ``loop.progress_bar``, ``loop.log_every``, ``loop.target_acc``, ``loop.max_skipped_fraction``;
 - where the run lives: ``loop.run_dir``, ``loop.overwrite``;
@@ -70,6 +71,7 @@ RESUME_MAY_CHANGE = (
     "loop.rounds",
     "loop.eval_every",
     "loop.val_clients",
+    "loop.personal",
     "loop.checkpoint_every",
     "loop.loggers",
     "loop.wandb",

@@ -19,7 +19,19 @@ from pathlib import Path
 #: (``<group>/test_acc`` columns of heterogeneous runs are test metrics)
 _GROUPS: tuple[tuple[str, ...], ...] = (
     ("round",),
-    ("test_acc", "test_loss", "test_", "group_mean_acc", "personal_acc", "adaptor_acc"),
+    (
+        "test_acc",
+        "test_loss",
+        "test_",
+        "group_mean_acc",
+        "personal_acc",
+        "personal_acc_weighted",
+        "personal_acc_std",
+        "personal_acc_min",
+        "personal_acc_worst10",
+        "personal_clients",
+        "adaptor_acc",
+    ),
     ("val_acc", "val_acc_weighted", "val_acc_std", "val_acc_min", "val_acc_worst10", "val_"),
     ("train_loss", "train_", "personal_train_loss"),
     ("clients_failed", "clients_rejected", "malicious_uploads"),

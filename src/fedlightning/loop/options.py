@@ -11,6 +11,7 @@ from typing import Any
 
 from fedlightning.attacks.base import Attack
 from fedlightning.backends.base import Backend
+from fedlightning.loop.personal_options import PersonalEvaluation
 from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.summary import RunSummary
 from fedlightning.privacy.dp_sgd import DPSGD
@@ -47,6 +48,7 @@ class RunOptions:
     max_skipped_fraction: float
     target_acc: float | None
     dp_sgd: DPSGD | None
+    personal: PersonalEvaluation | None
     fit_config: FitConfig
     aggregator: Aggregator
     backend: Backend

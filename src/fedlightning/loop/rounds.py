@@ -18,10 +18,11 @@ import time
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import RunStopped
 from fedlightning.loop.checkpoint import atomic_save
-from fedlightning.loop.deployables import save_models
+from fedlightning.loop.deployables import save_models, save_personal_models
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import RoundOutcome, check_for_bug, sort_results
 from fedlightning.loop.options import RunOptions
+from fedlightning.loop.personal import PersonalScorer
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.sampling import round_clients
 from fedlightning.protocol import ClientJob
@@ -42,7 +43,12 @@ class Rounds:
 
     def __init__(self, options: RunOptions, run: RunState, dm: FederatedDataModule) -> None:
         self.o, self.run_state, self.dm = options, run, dm
-        self.evaluator = Evaluator(run.scoring, options.seed, options.val_clients)
+        personal = (
+            None
+            if run.personal is None
+            else PersonalScorer(run.scoring, run.personal, options.seed)
+        )
+        self.evaluator = Evaluator(run.scoring, options.seed, options.val_clients, personal)
 
     def run(self) -> dict[str, float]:
         """The rounds, then the run's end: each component's ``on_run_end`` (the checkpoint in
@@ -135,7 +141,7 @@ class Rounds:
         o = self.o
         scores = self.evaluator.evaluate(
             self.dm, o.aggregator.deployables(), [u.client_id for u in rnd.uploads], o.store,
-            rnd.index,
+            rnd.index, rnd.last,
         )  # fmt: skip
         losses = [u.metrics.get("train_loss", math.nan) for u in rnd.uploads]
         return {
@@ -166,6 +172,9 @@ class Rounds:
             deployables = o.aggregator.deployables()
             run.scoring.prepare(o.store, deployables)
             save_models(run.scoring.saved(deployables), o.rounds, o.run_dir)
+            personal = self.evaluator.personal
+            if personal is not None and personal.saved is not None:
+                save_personal_models(personal.saved, o.run_dir)
         o.reporter.close()
         lines = [line for c in run.components for line in c.summary_lines()]
         o.reporter.summary([*o.summary.lines(), *lines])

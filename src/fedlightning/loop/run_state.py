@@ -14,6 +14,7 @@ from typing import Any
 
 from fedlightning.compute import Compute
 from fedlightning.loop.byzantine import Adversary
+from fedlightning.loop.personal_options import PersonalEvaluation
 from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_device import ServerDevice
 from fedlightning.protocol import FitConfig
@@ -49,6 +50,9 @@ class RunState:
             ``None``: no attack.
         scoring: what every evaluation scores the deployables with, and what ``models.pt``
             records (:mod:`fedlightning.loop.scoring_model`).
+        personal: the run's personalized evaluation (``loop.personal`` resolved: the defaults for
+            a personalized objective left at null; ``None``: none), :mod:`fedlightning.loop.
+            personal`.
         components: the run's round components, in order (:mod:`fedlightning.loop.components`,
             docs/algorithms.md section 6.2).
         ended: the components' ``on_run_end`` has run (it runs once per run).
@@ -66,5 +70,6 @@ class RunState:
     fit_config: FitConfig
     adversary: Adversary | None
     scoring: ScoringModel
+    personal: PersonalEvaluation | None = None
     components: list[RoundComponent] = field(default_factory=list)
     ended: bool = False

@@ -115,6 +115,24 @@ class ScoringModel:
         state = self.objective.scoring_state(weights)
         return self.networks.load(_key(index), state)
 
+    def deployed_for(
+        self, client_id: int, num_clients: int, deployables: Mapping[str, StateDict]
+    ) -> StateDict:
+        """The deployable client ``client_id`` (of ``num_clients``) would download: its
+        architecture group's (named by the group) with client groups, else ``"global"``."""
+        group = self.objective.client_groups.group_of(client_id, num_clients)
+        return deployables["global" if group is None else group]
+
+    def load_personal(self, client_id: int, weights: StateDict) -> tuple[nn.Module, str | None]:
+        """``(network, architecture)``: the scoring network of client ``client_id``'s
+        deployed ``weights`` (the objective's :meth:`~fedlightning.clients.ClientModule.
+        personal_network`, else the deployable's architecture through ``scoring_state``),
+        loaded with them, in eval mode; ``architecture`` names it (saved in ``personal.pt``)."""
+        own = self.objective.personal_network(client_id)
+        if own is None:
+            return self.load(weights), self.architecture(weights)
+        return self.networks.load(f"personal_{own.name}", weights, own.build), own.name
+
     def load_saved(self, entry: SavedModel) -> nn.Module:
         """The scoring network of a :meth:`saved` entry, loaded with its state, in eval mode."""
         architecture = entry["architecture"]

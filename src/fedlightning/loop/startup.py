@@ -45,6 +45,7 @@ from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.options import RunOptions
 from fedlightning.loop.pairing import check_pairing
+from fedlightning.loop.personal_options import resolve_personal
 from fedlightning.loop.plugin_hooks import check_hooks
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import check_run_dir, resumes_in, write_marked
@@ -71,6 +72,7 @@ def prepare_run(
     datamodule.setup("fit")
     per_round = clients_per_round(o.clients_per_round, datamodule.num_clients, o.min_clients)
     adversary, fit_config, compute, rate = check_run(o, model, datamodule, per_round)
+    personal = resolve_personal(o.personal, model, datamodule)
     scoring = ScoringModel.for_run(model, compute)  # its networks copied before any fit
     checkpoint = read_checkpoint(ckpt_path) if ckpt_path else None
     # resuming continues the results beside its checkpoint; a checkpoint from elsewhere must
@@ -108,6 +110,7 @@ def prepare_run(
         clients_per_round=per_round, sampling_rate=rate, compute=compute, server=server,
         identity=identity, checkpoint=None, resumes_in_place=resuming, first_round=0,
         last_checkpoint=None, fit_config=fit_config, adversary=adversary, scoring=scoring,
+        personal=personal,
     )  # fmt: skip
     run.components = build_components(o, run, datamodule.num_clients)
     if checkpoint is not None and ckpt_path is not None:

@@ -72,18 +72,31 @@ def lenet_classifier(num_classes: int, in_channels: int, side: int, padding: int
 
 @register_model("cnn")
 def cnn(
-    num_classes: int, in_channels: int, image_size: int, width: int = 32, hidden: int = 512
+    num_classes: int,
+    in_channels: int,
+    image_size: int,
+    width: int = 32,
+    hidden: int = 512,
+    batch_norm: bool = False,
 ) -> nn.Module:
     """The FedAvg CNN (McMahan et al. 2017, arXiv:1602.05629, section 3): two 5x5 convolutions
     (``width`` and ``2*width`` channels, 'same' padding) each followed by 2x2 max pooling, a fully
-    connected layer of ``hidden`` units with ReLU, and the classifier."""
+    connected layer of ``hidden`` units with ReLU, and the classifier. ``batch_norm``: a
+    BatchNorm layer after each convolution and after the hidden layer, before its ReLU (the
+    pattern of FedBN's CNN, Li et al. 2021, arXiv:2102.07623, appendix)."""
     side = image_size // 2 // 2
     _check_side("cnn", image_size, side)
+
+    def norm(kind: type[nn.Module], size: int) -> list[nn.Module]:
+        return [kind(size)] if batch_norm else []
+
     features = nn.Sequential(
-        nn.Conv2d(in_channels, width, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(width, 2 * width, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(in_channels, width, 5, padding=2), *norm(nn.BatchNorm2d, width), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 5, padding=2), *norm(nn.BatchNorm2d, 2 * width), nn.ReLU(),
+        nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(2 * width * side * side, hidden), nn.ReLU(),
+        nn.Linear(2 * width * side * side, hidden), *norm(nn.BatchNorm1d, hidden), nn.ReLU(),
     )  # fmt: skip
     return FeatureClassifier(features, hidden, num_classes)
 

@@ -261,9 +261,13 @@ class Aggregator(ServerState, RecordsInitArgs, ABC):
 
     def deployables(self) -> dict[str, StateDict]:
         """Every model the loop should evaluate, by name: ``"global"`` (the deployable one) and,
-        when clients are in groups, each group's sub-model of it, named by the group (the InCo
-        paper's evaluation, logged as ``<group>/test_acc``)."""
+        when clients are in groups of different keys (architectures), each group's sub-model of
+        it, named by the group (the InCo paper's evaluation, logged as ``<group>/test_acc``).
+        Clients that all own the same part of the model (a partial-sharing objective's shared
+        layers) deploy the whole of it: no sub-model."""
         out = {"global": self.global_state()}
+        if not self.is_heterogeneous():
+            return out
         for group, keys in self.group_keys().items():
             out.setdefault(group, restrict(out["global"], keys))
         return out
