@@ -209,9 +209,19 @@ def test_fedrep_trains_the_head_then_the_body_and_shares_the_body():
     _close(server.global_state(), {**initial, **_mean(trained, [6, 9], shared)}, initial)
 
 
-def test_fedrep_refuses_a_fit_that_never_reaches_the_body():
-    with pytest.raises(ConfigurationError, match=r"set loop.local_epochs > 3"):
-        _library_round(_objective(FedRep, head_epochs=3), [{}, {}], epochs=3)
+def test_fedrep_splits_a_fit_of_another_length_in_the_papers_proportion():
+    """``local_steps: 2`` with tau_h = 10, tau = 1: floor(2 * 10 / 11) = 1 head step, then 1
+    body step (each on the next batch)."""
+    initial, clients = _initial(), _clients()
+    fitter = ClientFitter(FitConfig(local_steps=2, accelerator="cpu"))
+    objective, server = _objective(FedRep), FedAvg()
+    server.setup(_initial(), 2, client_keys=objective.client_key_sets(2))
+    payload = server.configure_round(0, [1])[1]
+    result = fitter.fit(objective, _Data(clients, 3), ClientJob(0, 1, payload, {}))
+    first, second = _batches(*clients[1], 3)[:2]
+    by_hand = _sgd(_sgd(initial, [first], HEAD), [second], BODY)
+    _close(result.upload.weights, by_hand, [k for k in initial if k not in HEAD])
+    _close(result.state["local"], by_hand, HEAD)
 
 
 def test_fedbabu_trains_the_body_under_the_initial_head_then_fine_tunes_everything():

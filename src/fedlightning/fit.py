@@ -111,11 +111,12 @@ class ClientFitter:
         seed_fit(fit_seed)
         if model.device != self.device:  # moving walks every submodule: only when needed
             model.to(self.device)
+        num_samples = dm.client_num_samples(job.client_id)
+        model.planned_steps = planned_steps(self.config, num_samples, dm.batch_size)
         watch = ClientWatch(model, job.client_id)  # per-client state returned, never kept
         model.begin_client(job.client_id, job.payload, job.state)
         watch.begun()
         batches = training_batches(dm, job.client_id, fit_seed, self.config)
-        num_samples = dm.client_num_samples(job.client_id)
         if self.config.dp_sgd is not None:  # sample-level DP: docs/algorithms.md section 7.2
             optimizer, schedulers = split_optimizers(model.configure_optimizers())
             dp_fit = DPSGDFit(self.config, batches, fit_seed, self.device)
@@ -203,6 +204,13 @@ class ClientFitter:
             epoch += 1
             step_schedulers(schedulers, "epoch", epoch, epoch_loss / epoch_batches)
         return steps
+
+
+def planned_steps(config: FitConfig, num_samples: int, batch_size: int) -> int:
+    """The optimizer steps a fit of ``num_samples`` samples in batches of ``batch_size`` takes:
+    ``local_steps``, or ``local_epochs * ceil(num_samples / batch_size)`` (also DP-SGD's plan,
+    whose epochs are that many Poisson batches)."""
+    return config.local_steps or config.local_epochs * -(-num_samples // batch_size)
 
 
 def fit_result(model: ClientModule, job: ClientJob, num_samples: int, num_steps: int) -> FitResult:

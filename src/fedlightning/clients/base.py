@@ -93,11 +93,12 @@ class ClientModule(EvaluationHooks, pl.LightningModule):
     #: LightningModule). The round's inputs (properties ``client_id``, ``payload``, ``state``:
     #: ``local_loss`` must not read them under the cohort, copy what it needs in
     #: :meth:`begin_client`), the tracked metrics, the client groups and the active one, the
-    #: constructor's settings, ``save_hyperparameters``' record and the cohort's flag.
+    #: constructor's settings, ``save_hyperparameters``' record, the cohort's flag and the fit's
+    #: planned steps.
     bookkeeping_attributes: ClassVar[frozenset[str]] = frozenset({
         "_client_id", "_payload", "_state", "_batch_metrics", "client_groups", "group_index",
         "num_classes", "optimizer_name", "lr", "momentum", "weight_decay",
-        "_hparams", "_hparams_initial", "_hparams_name", VECTORIZED_FLAG,
+        "_hparams", "_hparams_initial", "_hparams_name", VECTORIZED_FLAG, "planned_steps",
     })  # fmt: skip
 
     client_id = per_client_input("client_id", "the client being fitted (``None`` outside a fit)")
@@ -142,6 +143,10 @@ class ClientModule(EvaluationHooks, pl.LightningModule):
         self.client_id: int | None = None
         self.payload: Payload | None = None
         self.state: dict[str, Any] = {}
+        #: the optimizer steps the current fit will take (``local_steps``, or ``local_epochs``
+        #: passes over the client's batches), set by the fit before ``begin_client``; ``None``
+        #: outside such a fit (the cohort backend's fits: it steps no schedule that needs it)
+        self.planned_steps: int | None = None
         self._batch_metrics = BatchMetrics()
         if networks is None:
             built = network if isinstance(network, nn.Module) else self.create_network(network)
