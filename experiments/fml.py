@@ -104,9 +104,9 @@ def table_lines(results: dict[str, list[dict[str, float]]], args: argparse.Names
         ("FedAvg global (test)", [m["test_acc"] for m in results["fedavg"]]),
         ("FedAvg global (clients' val)", [m["val_acc"] for m in results["fedavg"]]),
         ("FML global (test)", [m["test_acc"] for m in results["fml"]]),
-        ("FML personal (clients' val)", [m["personal_acc_all"] for m in results["fml"]]),
+        ("FML personal (clients' val)", [m["personal_acc"] for m in results["fml"]]),
         ("Independent personal (clients' val)",
-         [m["personal_acc_all"] for m in results["independent"]]),
+         [m["personal_acc"] for m in results["independent"]]),
     ]  # fmt: skip
     title = (
         f"mnist5k, 5 clients, Non-IID({args.non_iid}) = {fml_non_iid_shards(args.non_iid)} shards "
@@ -141,8 +141,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     started = time.perf_counter()
-    keys = ["method", "seed", "test_acc", "val_acc", "personal_acc_all", "personal_acc_all_std",
-            "personal_acc_all_min"]  # fmt: skip
+    keys = ["method", "seed", "test_acc", "val_acc", "personal_acc", "personal_acc_std",
+            "personal_acc_min"]  # fmt: skip
     with open(args.out / "results.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
@@ -152,7 +152,7 @@ def main() -> None:
                 results[method].append(metrics)
                 writer.writerow({"method": method, "seed": seed, **metrics})
                 handle.flush()
-                test, personal = metrics["test_acc"], metrics.get("personal_acc_all", float("nan"))
+                test, personal = metrics["test_acc"], metrics.get("personal_acc", float("nan"))
                 print(f"{method} seed {seed}: test_acc {test:.4f} personal {personal:.4f}")
     text = "\n".join(table_lines(results, args)) + "\n"
     (args.out / "table.md").write_text(text)

@@ -54,6 +54,11 @@ _OBJECTIVES = _classes("fedlightning.clients", {
     "FedNovaClient": "local SGD that reports its normalising factor; pairs with FedNova",
     "FML": "federated mutual learning: a shared meme model and a personal model per client",
     "WorkerMomentum": "uploads w - m_i, the client's momentum of its updates (beta); for CenteredClipping",
+    "FedBN": "FedAvg with every BatchNorm layer kept by its client (Li et al. 2021)",
+    "FedPer": "shared base, personalization layers (head) kept by each client (Arivazhagan et al. 2019)",
+    "LGFedAvg": "local representation, shared head (Liang et al. 2020)",
+    "FedRep": "head epochs then body epochs; body shared, head kept (Collins et al. 2021)",
+    "FedBABU": "body trained under a frozen random head, fine-tuned at evaluation (Oh et al. 2022)",
 })  # fmt: skip
 _AGGREGATORS = _classes("fedlightning.server", {
     "FedAvg": "weighted mean of the uploads, per key over its owners (median, trimmed_mean, clip_norm)",
