@@ -206,7 +206,10 @@ def test_fedrep_trains_the_head_then_the_body_and_shares_the_body():
         assert set(upload.weights) == set(shared)
         _close(upload.weights, mine, shared)
         _close(state["local"], mine, HEAD)
-    _close(server.global_state(), {**initial, **_mean(trained, [6, 9], shared)}, initial)
+    expected = {**initial, **_mean(trained, [6, 9], shared)}
+    _close(server.global_state(), expected, initial)
+    personal = _objective(FedRep).personal_state(0, states[0], server.global_state())
+    _close(personal, {**expected, **{k: trained[0][k] for k in HEAD}}, initial)
 
 
 def test_fedrep_splits_a_fit_of_another_length_in_the_papers_proportion():

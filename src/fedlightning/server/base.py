@@ -264,10 +264,11 @@ class Aggregator(ServerState, RecordsInitArgs, ABC):
         when clients are in groups of different keys (architectures), each group's sub-model of
         it, named by the group (the InCo paper's evaluation, logged as ``<group>/test_acc``).
         Clients that all own the same part of the model (a partial-sharing objective's shared
-        layers) deploy the whole of it: no sub-model."""
+        layers, docs/algorithms.md section 10.2) deploy the whole of it: no sub-model."""
         out = {"global": self.global_state()}
-        if not self.is_heterogeneous():
-            return out
+        heterogeneous = self.is_heterogeneous()
         for group, keys in self.group_keys().items():
+            if not heterogeneous and keys != frozenset(out["global"]):
+                continue  # every client owns the same part (partial sharing): it deploys the whole
             out.setdefault(group, restrict(out["global"], keys))
         return out
