@@ -125,14 +125,23 @@ def test_cohort_equals_sequential_fits(case, tmp_path):
     sequential, cohort = runs
     # Adam divides by sqrt(v): reassociation differences in small gradients are amplified
     # (the steps themselves are exact: test_stacked_optimizers_step_like_torch_per_client), so a
-    # few coordinates with near-zero gradients differ by up to lr; the mean difference stays tiny.
+    # coordinate whose gradient is near zero (rounding-sized) takes a step of about lr whose sign
+    # the rounding decides: such coordinates end up to lr times the steps apart, which bounds every
+    # coordinate, while the mean difference over a tensor stays within a hundredth of lr (FML's
+    # two Adam-trained networks, mutually distilled over two rounds, reach 4e-4).
     # The tiny ResNets (BatchNorm over 1x1 maps) are chaotic: a 1e-6 change of the initial weights
     # moves a sequential round-2 upload by 0.2, so they are compared after one round.
-    rtol, atol, mean = {"adam": (0.5, 1e-2, 1e-4), "hete": (1e-4, 2e-5, 5e-6)}.get(
-        case[:4] if case[:4] in ("adam", "hete") else ("adam" if "adam" in case else ""),
-        (1e-5, 1e-6, 1e-7),
+    # Elsewhere the mean difference is about one float32 ulp of the weights (at most 2.5e-7, two
+    # ulps at 1: the CPU's kernel family decides whether it is one or two).
+    if "adam" in case and case[:4] != "hete":
+        steps = max(u.num_steps for r in sequential.aggregator.seen for u in r.values())
+        rtol, atol, mean, loss_rtol = 0.0, SYNTHETIC["lr"] * steps, SYNTHETIC["lr"] / 100, 1e-3
+    else:
+        rtol, atol, mean = (1e-4, 2e-5, 5e-6) if case[:4] == "hete" else (1e-5, 1e-6, 2.5e-7)
+        loss_rtol = 10 * rtol
+    _assert_same_uploads(
+        sequential.aggregator.seen, cohort.aggregator.seen, rtol, atol, mean, loss_rtol
     )
-    _assert_same_uploads(sequential.aggregator.seen, cohort.aggregator.seen, rtol, atol, mean=mean)
     if "local_epochs" in budget and len(sequential.aggregator.seen[0]) > 1:
         steps = [u.num_steps for u in sequential.aggregator.seen[-1].values()]
         assert len(set(steps)) > 1  # unequal clients really stopped early
@@ -141,7 +150,11 @@ def test_cohort_equals_sequential_fits(case, tmp_path):
     )
 
 
-def _assert_same_uploads(sequential, cohort, rtol, atol, mean=1e-7):
+def _assert_same_uploads(sequential, cohort, rtol, atol, mean=2.5e-7, loss_rtol=None):
+    """The cohort's uploads equal the sequential ones: weights and extras within ``rtol`` and
+    ``atol``, each weight tensor's mean absolute difference at most ``mean``, the logged losses
+    within ``loss_rtol`` (default ``10 * rtol``)."""
+    loss_rtol = 10 * rtol if loss_rtol is None else loss_rtol
     assert len(sequential) == len(cohort)
     for seq_round, coh_round in zip(sequential, cohort, strict=True):
         assert seq_round.keys() == coh_round.keys()
@@ -160,10 +173,13 @@ def _assert_same_uploads(sequential, cohort, rtol, atol, mean=1e-7):
                     assert other.extras[key] == value
             assert upload.metrics.keys() == other.metrics.keys()
             for name, value in upload.metrics.items():  # FML's personal_train_loss too
-                assert other.metrics[name] == pytest.approx(value, rel=10 * rtol)
+                assert other.metrics[name] == pytest.approx(value, rel=loss_rtol)
             for key, value in upload.weights.items():
                 torch.testing.assert_close(other.weights[key], value, rtol=rtol, atol=atol)
-                assert (other.weights[key].double() - value.double()).abs().mean() <= mean
+                assert (other.weights[key].double() - value.double()).abs().mean() <= mean, (
+                    key,
+                    value.numel(),
+                )
 
 
 @pytest.mark.parametrize(
