@@ -60,6 +60,8 @@ SKIP = {
     "python benchmarks/scaling.py --accelerator cuda": "needs a GPU",
     "python benchmarks/gpu_check.py": "needs a GPU",
     "python benchmarks/gpu_all.py": "needs a GPU; tests/test_gpu_all.py runs it tiny on the CPU",
+    "python benchmarks/yardstick.py": "needs a GPU at its size; tests/test_yardstick_bench.py "
+    "runs it tiny on the CPU and checks its table",
     # the CPU benchmarks time their paths over several repeats (the walk's longest commands);
     # each is run tiny by a test of its own, which checks what it prints
     ".venv/bin/python benchmarks/overhead.py": "a benchmark; tests/test_startup_bench.py runs "
