@@ -41,6 +41,7 @@ def test_command(argv: list[str]) -> None:
         prog="fedlightning test",
         description="Score a run's saved deployables (models.pt, or last.ckpt) on the test set, "
         "through the scoring path of a run's evaluation.",
+        allow_abbrev=False,  # one spelling per option (fedlightning.config_checks)
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished or checkpointed run")
     run_dir = Path(parser.parse_args(argv).run_dir)
