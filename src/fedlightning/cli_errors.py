@@ -103,10 +103,19 @@ def _config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
             value = argv[i + 1]
         if flag in ("-c", "--config") and value:
             found.append((flag, value))
-        elif flag.startswith("--") and value and Path(value).is_file():
+        elif flag.startswith("--") and value and _is_file(value):
             if flag in GROUPS or value.lower().endswith(CONFIG_SUFFIXES):
                 found.append((flag, value))
     return found
+
+
+def _is_file(value: str) -> bool:
+    """Whether ``value`` names an existing file (a name too long for one is no file: its
+    option's own check names it)."""
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def os_reason(error: OSError, path: str | None = None) -> str:
