@@ -209,7 +209,7 @@ def stop_report(stop: BaseException, argv: Sequence[str]) -> tuple[list[str], in
     """The lines to print for a run stopped by a signal, and the exit status (128 + signum)."""
     signum = signal_number(stop)
     if isinstance(stop, RunInterrupted):
-        lines = [str(stop)]
+        lines = str(stop).splitlines()  # a --seeds sweep's: its resume commands
         if stop.checkpoint and argv[:1] == ["fit"]:
             lines.append(f"to resume: {resume_command(argv, stop.checkpoint)}")
     elif argv[:1] in (["fit"], ["cofed"]):  # before the run held its directory
@@ -221,12 +221,18 @@ def stop_report(stop: BaseException, argv: Sequence[str]) -> tuple[list[str], in
 
 def resume_command(argv: Sequence[str], checkpoint: str) -> str:
     """``fedlightning`` with ``argv`` (without a ``--ckpt_path``) and ``--ckpt_path checkpoint``."""
+    kept = without_option(argv, "--ckpt_path")
+    return shlex.join(["fedlightning", *kept, "--ckpt_path", checkpoint])
+
+
+def without_option(argv: Sequence[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` and ``option=VALUE``."""
     kept, skip = [], False
     for word in argv:
         if skip:
             skip = False
-        elif word == "--ckpt_path":
+        elif word == option:
             skip = True
-        elif not word.startswith("--ckpt_path="):
+        elif not word.startswith(f"{option}="):
             kept.append(word)
-    return shlex.join(["fedlightning", *kept, "--ckpt_path", checkpoint])
+    return kept
