@@ -85,9 +85,7 @@ def test_sigterm_in_a_later_seed_stops_the_sweep_and_its_commands_finish_it(
     assert (base / "seed_2" / "global.pt").is_file()
 
 
-def test_a_signal_as_a_seed_finishes_stops_the_sweep_before_the_next(
-    tmp_path, capsys, monkeypatch
-):
+def test_a_signal_as_a_seed_finishes_stops_the_sweep_before_the_next(tmp_path, capsys, monkeypatch):
     """SIGINT while seed 0 prints its closing line (its files complete, where one ``fit``
     ignores it) is not lost: the sweep stops before seed 1, whose command then runs it."""
     base = tmp_path / "sweep"
@@ -115,12 +113,15 @@ def test_every_seed_is_checked_before_the_first_trains(tmp_path, capsys, case):
     if case == "finished seed":  # a sweep run again with one more seed
         assert _fit("--loop.rounds", "1", *SEQUENTIAL, "--loop.run_dir", str(base),
                     "--seeds", "1") == 0  # fmt: skip
-        seeds, message = ["0", "1"], (
-            rf"seed 1 \({re.escape(str(base / 'seed_1'))}\) of --seeds 0 1: loop.run_dir='.*"
-            r"seed_1' already holds another run's results \(metrics.csv, last.ckpt, global.pt, "
-            r"models.pt\), and --seeds starts every seed afresh: replace them with --loop."
-            r"overwrite true, or choose another --loop.run_dir; or resume that seed on its own: "
-            r"fedlightning fit .*--loop.seed 1 --loop.run_dir \S+seed_1 --ckpt_path \S+last.ckpt$"
+        seeds, message = (
+            ["0", "1"],
+            (
+                rf"seed 1 \({re.escape(str(base / 'seed_1'))}\) of --seeds 0 1: loop.run_dir='.*"
+                r"seed_1' already holds another run's results \(metrics.csv, last.ckpt, global.pt, "
+                r"models.pt\), and --seeds starts every seed afresh: replace them with --loop."
+                r"overwrite true, or choose another --loop.run_dir; or resume that seed on its own: "
+                r"fedlightning fit .*--loop.seed 1 --loop.run_dir \S+seed_1 --ckpt_path \S+last.ckpt$"
+            ),
         )
     else:
         seeds = ["0", "4294967296"]
@@ -169,9 +170,13 @@ def test_ray_missing_is_the_one_line_of_a_run_without_seeds(tmp_path, capsys, mo
     for seeds in ([], ["--seeds", "0", "1"]):
         code = _fit(*ray, "--loop.run_dir", str(tmp_path / "run"), *seeds)
         lines.append((code, capsys.readouterr().err.strip()))
-    assert lines[0] == lines[1] == (
-        2,
-        "fedlightning: error: loop.backend=RayBackend needs Ray: install the extra with pip "
-        "install 'fedlightning[ray]'",
+    assert (
+        lines[0]
+        == lines[1]
+        == (
+            2,
+            "fedlightning: error: loop.backend=RayBackend needs Ray: install the extra with pip "
+            "install 'fedlightning[ray]'",
+        )
     )
     assert not (tmp_path / "run").exists()

@@ -119,7 +119,9 @@ class ScoringModel:
         """The scoring network of a :meth:`saved` entry, loaded with its state, in eval mode."""
         reason = self.misfit(entry)
         if reason is not None:
-            raise ConfigurationError(f"a saved model does not fit this objective's network: {reason}")
+            raise ConfigurationError(
+                f"a saved model does not fit this objective's network: {reason}"
+            )
         index = self.architectures.index(entry["architecture"])  # type: ignore[arg-type]
         return self.networks.load(_key(index), entry["state_dict"])  # type: ignore[arg-type]
 
@@ -137,7 +139,9 @@ class ScoringModel:
         missing = [key for key in expected if key not in state]
         extra = [key for key in state if key not in expected]
         if missing or extra:
-            return f"its keys differ from the network's (missing: {missing[:3]}, extra: {extra[:3]})"
+            return (
+                f"its keys differ from the network's (missing: {missing[:3]}, extra: {extra[:3]})"
+            )
         for key, tensor in expected.items():
             if not isinstance(state[key], Tensor):
                 return f"{key} is a {type(state[key]).__name__} in the file, not a tensor"
