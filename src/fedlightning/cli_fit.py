@@ -56,8 +56,11 @@ class FederatedCLI(LightningCLI):
         self.subdirectory = subdirectory
         self.parsers: list[LightningArgumentParser] = []  # init_parser's, for error messages
         # a parse error is raised (and said in one line by parse_arguments), not printed by
-        # jsonargparse with the usage
-        readable = {"formatter_class": PlainHelpFormatter, "exit_on_error": False}
+        # jsonargparse with the usage; no abbreviations: --loop.round is no --loop.rounds (it
+        # would silently override a --loop.rounds given before it)
+        readable = {
+            "formatter_class": PlainHelpFormatter, "exit_on_error": False, "allow_abbrev": False,
+        }  # fmt: skip
         kwargs.setdefault(
             "parser_kwargs",
             {

@@ -81,14 +81,19 @@ class RunInterrupted(KeyboardInterrupt):
     """SIGINT (Ctrl-C) or SIGTERM during a run (:mod:`fedlightning.signals`). The message says
     after which round it stopped and which checkpoint resumes it; the CLI prints it and exits with
     status ``128 + signum`` (130 for SIGINT, 143 for SIGTERM). ``checkpoint`` is the path that
-    resumes the run, or None."""
+    resumes the run, or None; ``rounds`` the rounds it holds."""
 
     def __init__(
-        self, message: str, signum: int = signal.SIGINT, checkpoint: str | None = None
+        self,
+        message: str,
+        signum: int = signal.SIGINT,
+        checkpoint: str | None = None,
+        rounds: int | None = None,
     ) -> None:
         super().__init__(message)
         self.signum = int(signum)
         self.checkpoint = checkpoint
+        self.rounds = rounds
 
 
 class WorkerLost(RuntimeError):

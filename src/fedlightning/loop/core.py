@@ -40,6 +40,7 @@ from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.signals import StopSignal, signal_number, stop_on_signals
 from fedlightning.state import ClientStore
+from fedlightning.tracking import wandb_storage_error
 from fedlightning.training import cpu_compute, quiet_lightning
 
 log = logging.getLogger("fedlightning")
@@ -269,8 +270,11 @@ class FederatedLoop:
                     return Rounds(options, run, datamodule).run()
                 except (KeyboardInterrupt, StopSignal) as stop:
                     raise interrupted(self._newest_checkpoint(), signal_number(stop)) from None
-                except OSError as error:  # the run's own files: never a client failure
-                    raise storage_error(error, self.run_dir, "write the run's files") from None
+                except OSError as error:  # the run's own files (or W&B's): never a client's
+                    what = wandb_storage_error(error)  # W&B's folders under HOME are not the run's
+                    raise what or storage_error(
+                        error, self.run_dir, "write the run's files"
+                    ) from None
                 finally:
                     self.backend.stop()
                     self.store.close()
