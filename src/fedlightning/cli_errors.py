@@ -54,7 +54,7 @@ def check_config_files(argv: Sequence[str]) -> None:
     the YAML files with the closest names in its folder), is not readable UTF-8 text (the
     parsers would fail with a UnicodeDecodeError traceback), or whose YAML gives a key twice in
     one mapping (:func:`fedlightning.config_checks.check_yaml_keys`)."""
-    for flag, path in _config_arguments(argv):
+    for flag, path in config_arguments(argv):
         file = Path(path)
         try:
             if not file.exists():
@@ -86,7 +86,8 @@ def _near_files(file: Path) -> str:
     return f"; the closest: {', '.join(str(folder / name) for name in near)}" if near else ""
 
 
-def _config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
+def config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """``(flag, path)`` of every ``-c FILE``, ``--config FILE`` or ``--config=FILE`` in ``argv``."""
     found = []
     for i, word in enumerate(argv):
         if word in ("-c", "--config") and i + 1 < len(argv):
