@@ -46,8 +46,9 @@ _BASE = re.compile(r"Subtypes: \[(?:<class '|list\[)([\w.]+)")
 _EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)")
 _LITERAL = re.compile(r"typing\.Literal\[(.*)\]")
 _CLASS = re.compile(r"<class '([\w.]+)'>")
-#: lines of jsonargparse's report that say nothing about this mistake
+#: a config file's key that no option has (jsonargparse names it in full: ``lop.rounds``)
 _NOT_IN_PARSER = re.compile(r"Subcommand '[\w-]+' does not accept option '([^']+)'")
+#: lines of jsonargparse's report that say nothing about this mistake
 _NOISE = re.compile(
     r"Subtypes:|Errors:|Given value type:|Does not validate against any of the Union|"
     r"Expected a <class 'NoneType'>"
