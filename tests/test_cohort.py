@@ -11,7 +11,7 @@ from fedlightning.clients import FML, MOON, ClientModule, FedNovaClient, FedProx
 from fedlightning.errors import ConfigurationError
 from fedlightning.server import FedCross, FedNova, Scaffold
 from objective_helpers import SYNTHETIC
-from user_clients import FedDynClient
+from user_clients import UserFedDynClient
 
 
 class Recorder:
@@ -109,7 +109,7 @@ CASES = {
     "clip-value": (lambda: ClientModule(**SYNTHETIC), FedAvg, {"gradient_clip_val": 0.01, "gradient_clip_algorithm": "value"}),
     "batchnorm": (lambda: ClientModule(network=WithBatchNorm(), num_classes=3, lr=0.1, momentum=0.5), FedAvg, {"local_epochs": 2}),
     "moon-batchnorm": (lambda: MOON(network=WithBatchNorm(), num_classes=3, projection_dim=4), FedAvg, {"local_epochs": 2}),
-    "feddyn-plugin-3-rounds": (lambda: FedDynClient(mu=0.1, **SYNTHETIC, momentum=0.5), FedAvg, {"local_epochs": 2, "rounds": 3}),
+    "feddyn-plugin-3-rounds": (lambda: UserFedDynClient(mu=0.1, **SYNTHETIC, momentum=0.5), FedAvg, {"local_epochs": 2, "rounds": 3}),
     "heterogeneous": (lambda: ClientModule(networks=["resnet10", "resnet14"], network_kwargs={"width": 4, "stem": "small"}, num_classes=3, in_channels=1, image_size=8, lr=0.05), FedAvg, {"sample_shape": (1, 8, 8), "partition": "iid", "rounds": 1}),
 }  # fmt: skip
 
