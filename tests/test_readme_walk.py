@@ -78,6 +78,8 @@ SKIP = {
     "`--quick` with one repeat",
     ".venv/bin/python benchmarks/startup.py": "a benchmark; tests/test_startup_bench.py runs it "
     "for one round and one repeat",
+    ".venv/bin/python benchmarks/defaults.py": "a benchmark; tests/test_startup_bench.py runs it "
+    "on the quickstart for one round and one repeat",
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend "
     "--loop.backend.init_args.address 127.0.0.1:8000 --loop.backend.init_args.insecure true "
     "--loop.backend.init_args.secure_aggregation true": "needs the SuperLink and the two "

@@ -86,7 +86,7 @@ _ATTACKS = _classes("fedlightning.attacks", {
     "InnerProductManipulation": "malicious uploads w - epsilon * the honest mean update (Xie et al.)",
 })  # fmt: skip
 _BACKENDS = _classes("fedlightning.backends", {
-    "AutoBackend": "the default: CohortBackend or SequentialBackend, chosen per run (it says why)",
+    "AutoBackend": "the default: sequential fits on the CPU, the cohort on a GPU (it says why)",
     "SequentialBackend": "one client fit after another",
     "CohortBackend": "every sampled client at once with torch.func.vmap",
     "RayBackend": "long-lived Ray actors on this machine or a cluster; the ray extra",
