@@ -160,3 +160,9 @@ def test_a_wandb_staging_write_failing_mid_run_names_wandbs_folder_not_the_run_d
         f"fedlightning: storage error: W&B could not write {str(data)!r}, its folder outside "
         "the run directory: Permission denied; set WANDB_DATA_DIR to a writable directory"
     )
+    import wandb
+
+    # The failed run's W&B run is finished, not left open: its transaction log is on disk and the
+    # process's next W&B run starts clean (before, the next run in the process wrote no log).
+    assert wandb.run is None
+    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1

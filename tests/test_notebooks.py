@@ -99,10 +99,13 @@ def test_make_install_installs_jupyterlab_and_the_readme_names_it():
 
 
 def _open_command() -> str:
-    """What ``make notebooks-open`` runs (its last line; ``make -n`` runs nothing)."""
+    """What ``make notebooks-open`` runs (its last line; ``make -n`` runs nothing; under a parent
+    make, as in CI's ``make test``, make would add "Leaving directory" lines without
+    ``--no-print-directory``)."""
     done = subprocess.run(
-        ["make", "-n", "notebooks-open"], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+        ["make", "--no-print-directory", "-n", "notebooks-open"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
     return done.stdout.strip().splitlines()[-1]
 
 

@@ -283,6 +283,7 @@ class FederatedLoop:
                         error, self.run_dir, "write the run's files"
                     ) from None
                 finally:
+                    self.reporter.release()  # a failed run's loggers (a finished run's are closed)
                     self.backend.stop()
                     self.store.close()
 
