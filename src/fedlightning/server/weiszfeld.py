@@ -15,9 +15,10 @@ honest uploads' scale under the honest majority the breakdown check requires). F
   of two objectives of size 1e38 has lost it.
 - They drag the weighted mean, the authors' start, ``~alpha_f * size`` away, and each iteration
   only shrinks that distance by a constant factor (up to ``alpha_f / (1 - alpha_f)`` for
-  outliers along one direction): ~230 iterations for 4 of 10 at 1e38. When the mean is farther
-  from the coordinate-wise median than ``FAR`` times the points' median distance to it, the
-  iteration starts from that median instead (the same fixed point, a few iterations away).
+  outliers along one direction): ~230 iterations for 4 of 10 at 1e38. Once a point lies farther
+  than ``FAR * m`` (after a few iterations at most: the honest points' distances shrink, the
+  outliers' do not), the iteration goes on from the coordinate-wise median instead, once (the
+  same fixed point, a few iterations away; it is computed only then).
 - A non-finite point (an upload of Inf/NaN, e.g. Gaussian noise beyond float32's 3.4e38) is
   infinitely far: its Weiszfeld weight ``alpha_i / ||z - x_i||`` is 0, so it is left out.
 """
@@ -41,8 +42,8 @@ def weiszfeld(
     ``beta`` (summing to 1; 0 for a non-finite row) of ``z = sum_i beta_i x_i``, and the number
     of iterations done.
 
-    ``alpha`` is normalised to sum 1; ``z_0 = sum_i alpha_i x_i`` (the coordinate-wise median if
-    far points drag the mean away, module docstring); each iteration
+    ``alpha`` is normalised to sum 1; ``z_0 = sum_i alpha_i x_i`` (once far points show, the
+    iteration goes on from the coordinate-wise median: module docstring); each iteration
     ``beta_i ∝ alpha_i / max(smoothing, ||z - x_i||)``, ``z <- sum_i beta_i x_i``. It stops after
     ``max_iter`` iterations, or once the objective ``g(z) = sum_i alpha_i ||z - x_i||`` changes by
     at most ``tol * g(z)`` (the stopping rule of the authors' code), ``g`` over the points within
@@ -60,11 +61,16 @@ def weiszfeld(
         )
     points, alphas = finite_points(points, alphas.to(points.dtype))
     alphas = alphas / alphas.sum()
-    z = start(points, alphas)
+    z = alphas @ points
     distances = (points - z).norm(dim=1)
     objective = float((alphas * distances).sum())
-    beta = alphas
+    beta, restarted = alphas, False
     for iteration in range(1, max_iter + 1):
+        if not restarted and bool(far_points(distances, alphas).any()):
+            restarted = True  # far outliers dragged the mean away: go on from the median
+            z = coordinate_median(points, alphas)
+            distances = (points - z).norm(dim=1)
+            objective = float((alphas * distances).sum())
         weights = alphas / distances.clamp(min=smoothing)
         beta = weights / weights.sum()
         new_z = beta @ points
@@ -105,19 +111,19 @@ def median_distance(distances: Tensor, alphas: Tensor) -> float:
     return float(live[len(live) // 2])
 
 
-def start(points: Tensor, alphas: Tensor) -> Tensor:
-    """``z_0``: the weighted mean ``sum_i alpha_i x_i`` (the authors'), or the coordinate-wise
-    median ``c`` of the points of positive weight when the mean lies farther than ``FAR`` times
-    the median distance from ``c`` to the points (far outliers dragged it away from most
-    points; ``c`` is within the honest points' range under an honest majority)."""
-    mean = alphas @ points
+def far_points(distances: Tensor, alphas: Tensor) -> Tensor:
+    """Which points of positive weight lie farther than ``FAR`` times the median distance
+    (:func:`median_distance`) from the estimate whose ``distances`` these are."""
+    return (distances > FAR * median_distance(distances, alphas)) & (alphas > 0)
+
+
+def coordinate_median(points: Tensor, alphas: Tensor) -> Tensor:
+    """The coordinate-wise median of the points of positive weight (the mean of the two middle
+    values for an even count): within the honest points' range per coordinate under an honest
+    majority, wherever the others lie."""
     ordered = points[alphas > 0].sort(dim=0).values
     count = len(ordered)
-    median = (ordered[(count - 1) // 2] + ordered[count // 2]) / 2
-    spread = median_distance((points - median).norm(dim=1), alphas)
-    if spread > 0 and float((mean - median).norm()) > FAR * spread:
-        return median
-    return mean
+    return (ordered[(count - 1) // 2] + ordered[count // 2]) / 2
 
 
 def settled_near(
@@ -132,8 +138,8 @@ def settled_near(
     true when no point is farther than ``FAR`` times the median distance, where the
     authors' rule alone decides."""
     (z, distances), (new_z, new_distances) = before, after
-    far = new_distances > FAR * median_distance(new_distances, alphas)
-    if not bool(far[alphas > 0].any()):
+    far = far_points(new_distances, alphas)
+    if not bool(far.any()):
         return True
     step = new_z - z
     sum_distances = distances + new_distances
