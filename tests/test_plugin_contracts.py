@@ -36,7 +36,8 @@ def test_a_statistic_returning_numpy_stops_the_run_naming_it_the_key_and_the_fix
 ):
     run_dir = tmp_path / "run"
     line = _fails(cli, capsys, run_dir, "--loop.aggregator", "fedlightning.server.FedAvg",
-                  "--loop.aggregator.init_args.statistic", "user_clients.WrongStatistic")  # fmt: skip
+                  "--loop.aggregator.init_args.statistic",
+                  "user_clients.WrongStatistic")  # fmt: skip
     assert re.fullmatch(
         r"fedlightning: stopped: loop.aggregator.init_args.statistic=WrongStatistic: combine "
         r"\(round 1\) returned '(\S+)' as a numpy.ndarray of dtype numpy.float32, shape "

@@ -1,12 +1,12 @@
 """What a backend that ships the objective to other processes (Ray) cannot send: the attribute
-that does not pickle, named before any worker starts (docs/algorithms.md section 1, "Objectives a backend cannot
-run").
+that does not pickle, named before any worker starts (docs/algorithms.md section 1, "Objectives
+a backend cannot run").
 
 Pickling the whole objective says only ``cannot pickle '_thread.lock' object``; the search below
 pickles the parts of the one that failed (an object's attributes as its ``__getstate__`` gives
-them, a module's submodules, parameters and buffers, a dict's values, a list's items) and descends into the first that fails
-until none of its parts does: that part is the attribute to name (``self.guard``,
-``self.net.head.cache['x']``).
+them, a module's submodules, parameters and buffers, a dict's values, a list's items) and
+descends into the first that fails until none of its parts does: that part is the attribute to
+name (``self.guard``, ``self.net.head.cache['x']``).
 """
 
 from __future__ import annotations
@@ -91,10 +91,11 @@ def refuse_unpicklable(model: Any, dumps: Callable[[Any], bytes], backend: str) 
         return
     path, part, error = found
     kind = type(part)
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     raise ConfigurationError(
         f"loop.backend={backend} sends the objective to its worker processes by pickling, and "
         f"model={type(model).__name__}'s attribute {path} ({kind.__module__}.{kind.__qualname__}) "
-        f"cannot be pickled ({str(error).splitlines()[0] if str(error) else type(error).__name__}): "
+        f"cannot be pickled ({reason}): "
         "create it where it is used (begin_client, local_loss), leave it out of __getstate__, "
         "or use a backend that trains in this process (fedlightning.backends.SequentialBackend)"
     )

@@ -2,8 +2,8 @@
 and Multi-Krum's selection, the smoothed Weiszfeld iteration of the geometric median (in
 :mod:`fedlightning.server.weiszfeld`), centered clipping. No state; the aggregators of
 :mod:`fedlightning.server.krum`, :mod:`fedlightning.server.geomed` and
-:mod:`fedlightning.server.centered_clip` hold what crosses rounds. The coordinate-wise median and trimmed mean and the norm clipping are in
-:mod:`fedlightning.server.functional`.
+:mod:`fedlightning.server.centered_clip` hold what crosses rounds. The coordinate-wise median
+and trimmed mean and the norm clipping are in :mod:`fedlightning.server.functional`.
 
 An upload is one point: its floating entries (trainable parameters and BatchNorm running
 statistics alike: an attacker controls the whole upload, docs/algorithms.md section 8, "BatchNorm

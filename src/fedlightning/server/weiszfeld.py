@@ -1,16 +1,18 @@
 """The smoothed Weiszfeld iteration of the weighted geometric median (Pillutla, Kakade, Harchaoui,
 "Robust Aggregation for Federated Learning", IEEE TSP 2022, arXiv:1912.13445, Algorithm 3),
-robust to outliers of any size (docs/algorithms.md section 8.3, "Outliers of any size").
+robust to outliers of any size (docs/algorithms.md section 8, "Outliers of any size", and 8.3).
 
-The authors' iteration and stopping rule, unchanged wherever every point lies within
-``FAR * m`` of the estimate (``m`` the median distance from it to the points, unweighted: the
-honest uploads' scale under the honest majority the breakdown check requires). Far outliers are what it was not written for:
+The authors' iteration and stopping rule, unchanged wherever every point lies within ``FAR * m``
+of the estimate (``m`` the median distance from it to the points, unweighted: the honest uploads'
+scale under the honest majority the breakdown check requires). Far outliers are what they were
+not written for:
 
 - Their distances dominate the objective ``g(z) = sum_i alpha_i ||z - x_i||`` and barely change
   while ``z`` moves among the honest points, so "``g`` changed by at most ``tol * g``" held while
   the estimate was still ``~tol * g`` away from the median (2 of 10 Gaussian outliers at sigma
-  1e10: after 9 of 100 iterations, test_loss 3e6). With far points the change is measured
-  against ``tol`` times the objective of the near points, and computed from the step
+  1e10: it stopped after 9 of 100 iterations, ~1e4 honest spreads away; test losses of
+  1e6-1e10). With far points the change is measured against ``tol`` times the objective of the
+  near points, and computed from the step
   (``d_t - d_{t+1} = (z_{t+1} - z_t) . (2 x - z_t - z_{t+1}) / (d_t + d_{t+1})``): the difference
   of two objectives of size 1e38 has lost it.
 - They drag the weighted mean, the authors' start, ``~alpha_f * size`` away, and each iteration

@@ -26,9 +26,9 @@ state as long as the files it needs are kept:
 The folder belongs to one run: :meth:`DiskStates.open` refuses a folder that is a symbolic link
 (another run's folder reached through a link) or that another run directory owns (the same
 folder by device and inode, reached through a bind mount: :mod:`fedlightning.state.owner`), and
-takes its lock (:mod:`fedlightning.folder_lock`) for the run's life, so a second live run reaching the folder
-another way is refused, naming it, before it deletes anything; :meth:`DiskStates.check` says the
-same before anything is written. Per round this costs one file per stateful client trained
+takes its lock (:mod:`fedlightning.folder_lock`) for the run's life, so a second live run
+reaching the folder another way is refused, naming it, before it deletes anything;
+:meth:`DiskStates.check` says the same before anything is written. Per round this costs one file per stateful client trained
 (serialized in memory, hashed, written in one plain write: a full disk is "no space left on the
 device" naming the folder) and the deletion of the files it superseded; memory holds two 64-bit
 integers per client id (its live version and content digest). Files are not fsynced: a killed
@@ -245,9 +245,9 @@ class DiskStates:
 
     def open(self) -> None:
         """Before the first round: take the folder (:meth:`check`, then its lock, held until
-        :meth:`close`, and its owner record) and delete every state file that the loaded state (none for a new run)
-        does not use: files of a run killed before its next checkpoint, superseded versions,
-        ``.none`` files (after the files they hide)."""
+        :meth:`close`, and its owner record) and delete every state file that the loaded state
+        (none for a new run) does not use: files of a run killed before its next checkpoint,
+        superseded versions, ``.none`` files (after the files they hide)."""
         self.check()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
