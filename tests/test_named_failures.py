@@ -100,7 +100,10 @@ def test_a_full_disk_while_writing_client_state_says_so_naming_the_folder(
         rf"\(.*client_state/\d+\.1\.[0-9a-f]{{16}}\.pt\)",
         line,
     ), line
-    assert [p.name for p in (run_dir / "client_state").iterdir()] == [".fedlightning.lock"]
+    assert {p.name for p in (run_dir / "client_state").iterdir()} == {
+        ".fedlightning.lock",
+        ".fedlightning.owner",
+    }
 
 
 def test_unwritable_wandb_folders_are_refused_at_start_up_naming_the_variable(

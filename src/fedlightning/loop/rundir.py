@@ -32,8 +32,8 @@ from types import TracebackType
 
 from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError, storage_error
 from fedlightning.folder_lock import LOCK_NAME, FolderLock, lock_holder
+from fedlightning.folder_owner import refuse_other_owner
 from fedlightning.signals import stopped_by
-from fedlightning.state.owner import refuse_other_owner
 
 #: files whose presence means the directory holds a run's results
 RESULT_FILES = (
@@ -71,7 +71,7 @@ def check_run_dir(
     than ``min_free_bytes`` free; a directory locked by a live run; a directory holding another
     run's results unless ``resuming`` or ``overwrite`` (the advice is command-line options, or
     with ``python`` the Python API's arguments); a ``client_state`` folder that another run
-    directory owns (:mod:`fedlightning.state.owner`: a bind mount of a finished run's folder,
+    directory owns (:mod:`fedlightning.folder_owner`: a bind mount of a finished run's folder,
     which ``overwrite`` or a new run would empty).
     """
     if run_dir is None or not str(run_dir).strip():

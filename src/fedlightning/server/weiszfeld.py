@@ -109,8 +109,9 @@ def median_distance(distances: Tensor, alphas: Tensor) -> float:
     >>> median_distance(torch.tensor([0.0, 4.0]), torch.tensor([3.0, 1.0]))
     4.0
     """
-    live = distances[alphas > 0].sort().values
-    return float(live[len(live) // 2])
+    live = alphas > 0  # no boolean indexing: its result's size is data, and every device has it
+    ordered = distances.masked_fill(~live, float("inf")).sort().values
+    return float(ordered[int(live.sum()) // 2])
 
 
 def far_points(distances: Tensor, alphas: Tensor) -> Tensor:
@@ -123,8 +124,9 @@ def coordinate_median(points: Tensor, alphas: Tensor) -> Tensor:
     """The coordinate-wise median of the points of positive weight (the mean of the two middle
     values for an even count): within the honest points' range per coordinate under an honest
     majority, wherever the others lie."""
-    ordered = points[alphas > 0].sort(dim=0).values
-    count = len(ordered)
+    live = alphas > 0
+    ordered = points.masked_fill(~live[:, None], float("inf")).sort(dim=0).values
+    count = int(live.sum())
     return (ordered[(count - 1) // 2] + ordered[count // 2]) / 2
 
 
@@ -147,5 +149,5 @@ def settled_near(
     sum_distances = distances + new_distances
     shrink = ((2 * points - z - new_z) @ step) / sum_distances.clamp(min=torch.finfo(z.dtype).tiny)
     change = float((alphas * shrink).sum())
-    near_objective = float((alphas * new_distances)[~far].sum())
+    near_objective = float(torch.where(far, 0.0, alphas * new_distances).sum())
     return abs(change) <= tol * near_objective

@@ -25,7 +25,7 @@ state as long as the files it needs are kept:
 
 The folder belongs to one run: :meth:`DiskStates.open` refuses a folder that is a symbolic link
 (another run's folder reached through a link) or that another run directory owns (the same
-folder by device and inode, reached through a bind mount: :mod:`fedlightning.state.owner`), and
+folder by device and inode, reached through a bind mount: :mod:`fedlightning.folder_owner`), and
 takes its lock (:mod:`fedlightning.folder_lock`) for the run's life, so a second live run
 reaching the folder another way is refused, naming it, before it deletes anything;
 :meth:`DiskStates.check` says the same before anything is written. Per round this costs one file per stateful client trained
@@ -51,8 +51,8 @@ import torch
 
 from fedlightning.errors import ConfigurationError, StorageError, storage_error
 from fedlightning.folder_lock import FolderLock, lock_holder
+from fedlightning.folder_owner import refuse_other_owner, take
 from fedlightning.placement import to_cpu
-from fedlightning.state.owner import refuse_other_owner, take
 
 #: ``<client>.<version>.<digest>.pt`` (a state) or ``<client>.<version>.none`` (its state cleared)
 FILE_NAME = re.compile(r"(\d+)\.(\d+)\.(?:([0-9a-f]{16})\.pt|none)")
@@ -224,7 +224,7 @@ class DiskStates:
     def check(self) -> None:
         """Refuse (ConfigurationError naming the folder) a folder this run cannot own: a
         symbolic link, another run directory's folder reached from here (a bind mount:
-        :mod:`fedlightning.state.owner`), or one locked by another live run. Only reads."""
+        :mod:`fedlightning.folder_owner`), or one locked by another live run. Only reads."""
         if self.directory.is_symlink():
             raise ConfigurationError(
                 f"{OPTION}='disk' keeps client state in {str(self.directory)!r}, which is a "

@@ -34,7 +34,7 @@ class GeometricMedian(Statistic):
     one point (its floating entries); the result is ``sum_i beta_i w_i`` of every entry, BatchNorm
     statistics included. Needs clients that own the same keys and an honest majority. Outliers
     of any size (Inf/NaN uploads too) move the estimate no more than the honest uploads'
-    spread allows (docs/algorithms.md section 8.3, "Outliers of any size"). The iterations of
+    spread allows (docs/algorithms.md section 8, "Outliers of any size"). The iterations of
     the last round are reported as ``weiszfeld_iterations``.
 
     Args:

@@ -8,8 +8,9 @@ refuse. So the folder carries ``.fedlightning.owner``: the device and inode of t
 the run directory that holds it, written when a run takes the folder. Another run directory
 that reaches that same folder (same device and inode: a bind mount, or the folder moved into it)
 is refused before anything is written or deleted. A copy is a new folder (another inode): the
-record is stale and the run that takes the copy writes its own; so is a folder that moved with its
-run directory. A folder without the file (written before it existed) is taken as it is.
+record is stale and the run that takes the copy writes its own. A folder that moved with its run
+directory keeps both identities and stays that run's. A folder without the file (written before
+it existed) is taken as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def _identity(path: Path) -> list[int]:
 def other_owner(folder: Path, run_dir: Path) -> str | None:
     """The run directory (as its run recorded it) whose ``folder`` this is, when it is not
     ``run_dir``: the folder is the one that run took (same device and inode) and ``run_dir`` is
-    another directory. None when the folder is ``run_dir``'s, a copy, unclaimed or absent."""
+    another directory. None when the folder is ``run_dir``'s, a copy, unclaimed or absent, or a
+    symbolic link (refused by path where it matters: :meth:`~fedlightning.state.disk.DiskStates.
+    check`, naming the link)."""
+    if folder.is_symlink():
+        return None
     try:
         record = json.loads((folder / OWNER_NAME).read_text())
         here, parent = _identity(folder), _identity(run_dir)
