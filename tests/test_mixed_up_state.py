@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import cli_fails, run_cli
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.checkpoint import read_checkpoint
 
@@ -20,13 +21,8 @@ DISK = ("--loop.client_state", "disk")
 TWO = (*DISK, "--loop.rounds", "2")
 
 
-def _fails(cli, capsys, run_dir, *args, config="scaffold_tiny.yaml") -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli(run_dir, *args, config=config)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
+def _fails(cli, capsys, run_dir, *args) -> str:
+    return cli_fails(cli, capsys, run_dir, *args, code=2, config="scaffold_tiny.yaml")
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -36,8 +32,6 @@ def _files(folder: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 2-round SCAFFOLD run with its client state on disk."""
-    from conftest import run_cli
-
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     run_cli(run_dir, *TWO, config="scaffold_tiny.yaml")
     return run_dir

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import cli_fails
 from fedlightning.backends.pickling import unpicklable_part
 from fedlightning.errors import PluginError
 from fedlightning.protocol import Upload
@@ -21,21 +22,11 @@ from fedlightning.server import FedAvg
 from user_clients import WrongStatistic
 
 
-def _fails(cli, capsys, run_dir, *args, code=1) -> str:
-    """Run the CLI, expect exit status ``code`` and no traceback; the last stderr line."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli(run_dir, *args)
-    assert exit_info.value.code == code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
-
-
 def test_a_statistic_returning_numpy_stops_the_run_naming_it_the_key_and_the_fix(
     cli, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
-    line = _fails(cli, capsys, run_dir, "--loop.aggregator", "fedlightning.server.FedAvg",
+    line = cli_fails(cli, capsys, run_dir, "--loop.aggregator", "fedlightning.server.FedAvg",
                   "--loop.aggregator.init_args.statistic",
                   "user_clients.WrongStatistic")  # fmt: skip
     assert re.fullmatch(
@@ -96,7 +87,7 @@ def test_an_objective_raising_in_the_cohort_stops_in_one_line_naming_it_and_the_
     cli, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
-    line = _fails(cli, capsys, run_dir, "--model", "user_clients.RaisesInLoss",
+    line = cli_fails(cli, capsys, run_dir, "--model", "user_clients.RaisesInLoss",
                   "--loop.backend", "fedlightning.backends.CohortBackend")  # fmt: skip
     assert re.fullmatch(
         r"fedlightning: stopped: ValueError: no class weights for this batch \(raised at "
@@ -115,7 +106,7 @@ def test_an_objective_ray_cannot_pickle_is_refused_before_anything_is_written(
 ):
     pytest.importorskip("ray")
     run_dir = tmp_path / "run"
-    line = _fails(cli, capsys, run_dir, "--model", "user_clients.HoldsALock",
+    line = cli_fails(cli, capsys, run_dir, "--model", "user_clients.HoldsALock",
                   "--loop.backend", "fedlightning.backends.RayBackend", code=2)  # fmt: skip
     assert line == (
         "fedlightning: error: loop.backend=RayBackend sends the objective to its worker "
