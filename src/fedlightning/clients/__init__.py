@@ -7,6 +7,7 @@ from fedlightning.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".base": "ClientModule", ".mutual": "FML", ".fednova": "FedNovaClient",
     ".fedprox": "FedProx", ".moon": "MOON", ".scaffold": "ScaffoldClient",
-    ".worker_momentum": "WorkerMomentum", ".fedbn": "FedBN", ".fedper": "FedPer",
-    ".lg_fedavg": "LGFedAvg", ".fedrep": "FedRep", ".fedbabu": "FedBABU",
+    ".worker_momentum": "WorkerMomentum", ".feddyn": "FedDynClient", ".ifca": "IFCAClient",
+    ".fedbn": "FedBN", ".fedper": "FedPer", ".lg_fedavg": "LGFedAvg", ".fedrep": "FedRep",
+    ".fedbabu": "FedBABU",
 })  # fmt: skip
