@@ -9,14 +9,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from clustered_data import NET, planted
 from fedlightning import FederatedDataModule, FederatedLoop, PersonalEvaluation
 from fedlightning.backends import RayBackend, SequentialBackend
-from fedlightning.clients import ClientModule, FedBABU, FedBN, FedPer, FedRep, LGFedAvg
+from fedlightning.clients import (
+    ClientModule,
+    FedBABU,
+    FedBN,
+    FedPer,
+    FedRep,
+    IFCAClient,
+    LGFedAvg,
+)
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.evaluation import val_clients
 from fedlightning.models import create_model
 from fedlightning.seeding import derive_seed
-from fedlightning.server import FedAvg
+from fedlightning.server import IFCA, ClusteredFL, FedAvg
 
 MLP = dict(network="mlp", network_kwargs={"hidden": [16]}, num_classes=3, in_channels=6,
            image_size=1, lr=0.1, momentum=0.5)  # fmt: skip
@@ -183,3 +192,42 @@ def test_the_partial_sharing_family_gives_the_same_bits_on_ray(local_ray, tmp_pa
             assert all(torch.equal(v, theirs["local"][k]) for k, v in mine.get("local", {}).items())
         assert sequential.history[-1] == {**ray.history[-1], "round_time_s":
                                           sequential.history[-1]["round_time_s"]}  # fmt: skip
+
+
+def _ifca():
+    return IFCA(), IFCAClient(**NET)
+
+
+def _cfl():
+    aggregator = ClusteredFL(eps1=100.0, eps2=1e-6, warmup_rounds=2, min_cluster_size=5)
+    return aggregator, ClientModule(**NET)
+
+
+@pytest.mark.parametrize("make", [_ifca, _cfl], ids=["IFCA", "ClusteredFL"])
+def test_a_clustered_client_deploys_its_own_clusters_model(tmp_path, make):
+    """Planted clusters (half the clients see shifted labels): each client's scored model is the
+    model of the cluster the aggregator assigns it (IFCA's last pick, CFL's membership), and the
+    logged personal numbers are those models on each client's own validation split."""
+    torch.manual_seed(0)
+    aggregator, objective = make()
+    loop = FederatedLoop(rounds=4, clients_per_round=8, local_epochs=2, aggregator=aggregator,
+                         run_dir=str(tmp_path), progress_bar=False, plots=False,
+                         personal=PersonalEvaluation(clients="all"))  # fmt: skip
+    loop.fit(objective, datamodule=planted())
+    server = loop.aggregator
+    assignment = getattr(server, "assignment", None) or server.membership
+    assert len(set(assignment)) == 2  # both clusters deployed
+    saved = torch.load(tmp_path / "personal.pt", weights_only=True)["clients"]
+    dm = planted()
+    dm.setup()
+    network, hits = create_model("mlp", 3, 6, 1), []
+    for cid in range(8):
+        cluster = server.models[assignment[cid]]
+        for key, value in cluster.items():
+            assert torch.equal(saved[cid]["state_dict"][key], value), (cid, key)
+        network.load_state_dict(cluster)
+        network.eval()
+        x, y, _ = dm.client_val_data([cid])
+        hits.append(_accuracy(network, x, y))
+    for key, value in _distribution(hits).items():
+        assert loop.history[-1][key] == pytest.approx(value, abs=1e-12), key

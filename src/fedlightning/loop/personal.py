@@ -4,7 +4,9 @@ PersonalEvaluation`).
 
 For each client ``i`` of the evaluation's sample (:func:`~fedlightning.loop.evaluation.
 val_clients`, drawn from ``(seed, "personal_clients", round)``): the objective builds the weights
-it deploys from the server's deployable of its architecture and its persistent state
+it deploys from the server's deployable it would download (its architecture group's, or the
+one the aggregator names, :meth:`~fedlightning.server.Aggregator.deployable_of`: a clustered
+method's cluster model) and its persistent state
 (:meth:`~fedlightning.clients.ClientModule.personal_state`; ``None``: nothing to deploy yet, the
 client is skipped); the run's scoring model loads them into a network it owns, in eval mode
 (:meth:`~fedlightning.loop.scoring_model.ScoringModel.load_personal`: the one scoring path, the
@@ -32,7 +34,7 @@ from fedlightning.protocol import StateDict
 from fedlightning.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from fedlightning.data.datamodule import FederatedDataModule
     from fedlightning.loop.scoring_model import ScoringModel
@@ -47,12 +49,21 @@ class PersonalScorer:
         options: ``loop.personal``, resolved (:func:`~fedlightning.loop.personal_options.
             resolve_personal`).
         seed: the run's seed.
+        deployable_of: the name of the deployable each client would download when it is not its
+            group's (the aggregator's :meth:`~fedlightning.server.Aggregator.deployable_of`).
     """
 
-    def __init__(self, scoring: ScoringModel, options: PersonalEvaluation, seed: int) -> None:
+    def __init__(
+        self,
+        scoring: ScoringModel,
+        options: PersonalEvaluation,
+        seed: int,
+        deployable_of: Callable[[int], str | None] = lambda client_id: None,
+    ) -> None:
         self.scoring = scoring
         self.options = options
         self.seed = seed
+        self.deployable_of = deployable_of
         #: the scored models of the last evaluation that kept them (``personal.pt``'s entries)
         self.saved: dict[str, Any] | None = None
 
@@ -102,7 +113,8 @@ class PersonalScorer:
     ) -> tuple[nn.Module | None, str | None]:
         """Client ``cid``'s deployed network, fine-tuned when configured (``None``: it has none)."""
         scoring, o = self.scoring, self.options
-        deployed = scoring.deployed_for(cid, dm.num_clients, deployables)
+        name = self.deployable_of(cid)
+        deployed = scoring.deployed_for(cid, dm.num_clients, deployables, name)
         weights = scoring.objective.personal_state(cid, store.get(cid), deployed)
         if weights is None:
             return None, None

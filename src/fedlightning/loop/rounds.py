@@ -46,7 +46,9 @@ class Rounds:
         personal = (
             None
             if run.personal is None
-            else PersonalScorer(run.scoring, run.personal, options.seed)
+            else PersonalScorer(
+                run.scoring, run.personal, options.seed, options.aggregator.deployable_of
+            )
         )
         self.evaluator = Evaluator(run.scoring, options.seed, options.val_clients, personal)
 

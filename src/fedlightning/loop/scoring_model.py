@@ -116,12 +116,21 @@ class ScoringModel:
         return self.networks.load(_key(index), state)
 
     def deployed_for(
-        self, client_id: int, num_clients: int, deployables: Mapping[str, StateDict]
+        self,
+        client_id: int,
+        num_clients: int,
+        deployables: Mapping[str, StateDict],
+        name: str | None = None,
     ) -> StateDict:
-        """The deployable client ``client_id`` (of ``num_clients``) would download: its
-        architecture group's (named by the group) with client groups, else ``"global"``."""
+        """The deployable client ``client_id`` (of ``num_clients``) would download: ``name``'s
+        (the aggregator's :meth:`~fedlightning.server.Aggregator.deployable_of`; with client
+        groups, restricted to the group's keys), else its architecture group's (named by the
+        group) with client groups, else ``"global"``."""
         group = self.objective.client_groups.group_of(client_id, num_clients)
-        return deployables["global" if group is None else group]
+        own = deployables["global" if group is None else group]
+        if name is None:
+            return own
+        return {k: v for k, v in deployables[name].items() if k in own}
 
     def load_personal(self, client_id: int, weights: StateDict) -> tuple[nn.Module, str | None]:
         """``(network, architecture)``: the scoring network of client ``client_id``'s

@@ -259,6 +259,13 @@ class Aggregator(ServerState, RecordsInitArgs, ABC):
     def global_state(self) -> StateDict:
         """The deployable global model's state_dict (saved as ``global.pt``)."""
 
+    def deployable_of(self, client_id: int) -> str | None:
+        """The name, among :meth:`deployables`, of the model client ``client_id`` would deploy
+        when it is not the one its architecture group downloads (clustered FL: its cluster's,
+        ``cluster_<j>``); personalized evaluation scores it (docs/algorithms.md section 10.1).
+        ``None`` (the default): the group's model, else ``"global"``."""
+        return None
+
     def deployables(self) -> dict[str, StateDict]:
         """Every model the loop should evaluate, by name: ``"global"`` (the deployable one) and,
         when clients are in groups of different keys (architectures), each group's sub-model of

@@ -48,7 +48,8 @@ class ClusteredFL(Aggregator):
 
     Declared state: ``models`` (one per cluster) and ``membership`` (each client's cluster).
     Deployables: ``cluster_<j>`` for each cluster and ``"global"``, the largest cluster's model
-    (ties: the smallest index). Each round logs ``cfl_clusters`` and, per cluster with uploads,
+    (ties: the smallest index); a client deploys its cluster's (:meth:`deployable_of`). Each
+    round logs ``cfl_clusters`` and, per cluster with uploads,
     ``cfl_mean_update_norm_<c>`` and ``cfl_max_update_norm_<c>`` (the two split criteria).
     Clients of one architecture only: groups with different keys are refused at set-up.
 
@@ -173,6 +174,10 @@ class ClusteredFL(Aggregator):
         out = {"global": self.global_state()}
         out.update({f"cluster_{j}": m for j, m in enumerate(self.models)})
         return out
+
+    def deployable_of(self, client_id: int) -> str | None:
+        """The model of client ``client_id``'s cluster (``cluster_<c>``)."""
+        return f"cluster_{self.membership[client_id]}" if self.membership else None
 
     def round_metrics(self) -> dict[str, float]:
         return dict(self._metrics)

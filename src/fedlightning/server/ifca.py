@@ -66,7 +66,8 @@ class IFCA(Aggregator):
     (heterogeneous clients: each cluster is averaged as HeteroAvg, section 2.3). Declared state:
     ``models`` (the k cluster models) and ``assignment`` (per client, the cluster it picked at its
     last participation; -1 before). Deployables: ``cluster_<j>`` for each j and ``"global"``, the
-    model of the cluster most clients are assigned to (ties: the smallest index). Each round logs
+    model of the cluster most clients are assigned to (ties: the smallest index); a client deploys
+    its assigned cluster's (:meth:`deployable_of`, personalized evaluation). Each round logs
     ``ifca_clients_<j>``, the uploads that picked cluster j.
 
     Args:
@@ -169,6 +170,12 @@ class IFCA(Aggregator):
         out = super().deployables()
         out.update({f"cluster_{j}": m for j, m in enumerate(self.models)})
         return out
+
+    def deployable_of(self, client_id: int) -> str | None:
+        """The cluster client ``client_id`` picked at its last participation (``cluster_<j>``);
+        ``None`` (the largest cluster's, ``global``) before it took part."""
+        j = self.assignment[client_id] if self.assignment else -1
+        return None if j < 0 else f"cluster_{j}"
 
     def round_metrics(self) -> dict[str, float]:
         return {f"ifca_clients_{j}": float(n) for j, n in self._counts.items()}

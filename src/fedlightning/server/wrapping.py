@@ -45,6 +45,9 @@ class WrappingAggregator(Aggregator):
     def deployables(self) -> dict[str, StateDict]:
         return self.inner.deployables()
 
+    def deployable_of(self, client_id: int) -> str | None:
+        return self.inner.deployable_of(client_id)
+
     def check_byzantine(self, per_round: int, byzantine: int) -> None:
         self.inner.check_byzantine(per_round, byzantine)
 
