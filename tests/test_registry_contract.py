@@ -12,7 +12,7 @@ the guard's ``snapshot``/``restore`` puts back every declared state; 2 rounds + 
 rounds straight, bitwise; heterogeneous clients (``networks``) either train or are refused
 with a ConfigurationError before anything is written; the cohort backend equals the sequential
 one up to float rounding for every objective (or refuses, in one line, one that steps a
-learning-rate schedule) and every aggregator, and for the user-written
+learning-rate schedule or overrides a Trainer hook) and every aggregator, and for the user-written
 objectives of :data:`PLUGIN_OBJECTIVES` (round context derived, nothing declared); it refuses those
 of :data:`COHORT_REFUSALS`, naming the attribute, while the sequential backend trains them; (slow)
 every user-written aggregator of :data:`PLUGINS` gives the same bits on Ray as sequentially.
@@ -26,6 +26,7 @@ import torch
 from fedlightning import FederatedDataModule, FederatedLoop, clients, server
 from fedlightning.backends import CohortBackend, RayBackend, SequentialBackend
 from fedlightning.errors import ConfigurationError
+from fedlightning.fit import trainer_reason
 from fedlightning.loop.pairing import pairing_refusal
 from user_clients import (
     AdamDeclaredCounter,
@@ -251,11 +252,13 @@ def test_the_cohort_backend_equals_sequential_or_refuses(objective_cls, tmp_path
     """Every built-in objective and plug-in trains under the cohort with the round context it
     derives (a refusal is a failure here: the refusals are for what cannot be vectorized,
     tests/test_cohort.py and test_the_cohort_refuses_per_client_values_it_cannot_stack), but for
-    an objective whose fits step a learning-rate schedule (FedRep's phases), which the cohort
-    refuses in one line naming it."""
+    an objective whose fits step a learning-rate schedule (FedRep's phases) or need a Trainer
+    hook (APFL's optimizer_step), which the cohort refuses in one line naming it."""
     refusal = _sequential_and_cohort(objective_cls, None, tmp_path)
-    if _steps_a_schedule(objective_cls):
-        assert refusal is not None and "it does not step LR schedulers" in refusal, refusal
+    hook = trainer_reason(_objective(objective_cls), "32-true")
+    if _steps_a_schedule(objective_cls) or hook is not None:
+        reason = hook or "it does not step LR schedulers"
+        assert refusal is not None and reason in refusal, refusal
         assert "\n" not in refusal
         return
     assert refusal is None, refusal

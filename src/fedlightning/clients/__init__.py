@@ -9,5 +9,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".fedprox": "FedProx", ".moon": "MOON", ".scaffold": "ScaffoldClient",
     ".worker_momentum": "WorkerMomentum", ".feddyn": "FedDynClient", ".ifca": "IFCAClient",
     ".fedbn": "FedBN", ".fedper": "FedPer", ".lg_fedavg": "LGFedAvg", ".fedrep": "FedRep",
-    ".fedbabu": "FedBABU", ".ditto": "Ditto",
+    ".fedbabu": "FedBABU", ".ditto": "Ditto", ".apfl": "APFL",
 })  # fmt: skip
