@@ -62,6 +62,7 @@ _OBJECTIVES = _classes("fedlightning.clients", {
     "Ditto": "global model as FedAvg, beside it a personal model pulled to it by lambda (Li et al. 2021)",
     "APFL": "local model v, mixing weight alpha (adaptive): deploys alpha v + (1 - alpha) w (Deng et al. 2020)",
     "PerFedAvg": "MAML-style: trains for the loss after one local step (FO or Hessian-free) (Fallah et al. 2020)",
+    "PFedMe": "personalized model by K steps on the Moreau envelope, w pulled to it (Dinh et al. 2020)",
     "FedDynClient": "cross-entropy - <g_i, w> + (alpha/2) ||w - w_dispatched||^2; pairs with FedDyn",
     "IFCAClient": "trains the cluster model with the lowest loss on its data; pairs with IFCA",
 })  # fmt: skip

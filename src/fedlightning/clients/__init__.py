@@ -10,5 +10,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".worker_momentum": "WorkerMomentum", ".feddyn": "FedDynClient", ".ifca": "IFCAClient",
     ".fedbn": "FedBN", ".fedper": "FedPer", ".lg_fedavg": "LGFedAvg", ".fedrep": "FedRep",
     ".fedbabu": "FedBABU", ".ditto": "Ditto", ".apfl": "APFL",
-    ".perfedavg": "PerFedAvg",
+    ".perfedavg": "PerFedAvg", ".pfedme": "PFedMe",
 })  # fmt: skip
