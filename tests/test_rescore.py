@@ -105,9 +105,29 @@ class _Masked(nn.Module):
         return torch.where(self.mask, logits, torch.full_like(logits, -1e30))
 
 
+class _GenericPlusPersonal(nn.Module):
+    """FedRoD's deployed model: the network's logits plus a linear head on its classifier's
+    input (``network.*``, ``p_head.*``)."""
+
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.network = network
+        self.p_head = nn.Linear(network.head.in_features, network.head.out_features)
+
+    def forward(self, x):
+        inputs = []
+        handle = self.network.head.register_forward_pre_hook(lambda _m, a: inputs.append(a[0]))
+        logits = self.network(x)
+        handle.remove()
+        return logits + self.p_head(inputs[0])
+
+
 def _fresh_personal(entry: dict, model: dict) -> nn.Module:
     """A fresh network of a ``personal.pt`` entry: FML's personal architecture (masked to the
-    client's label space with adaptor heads), or the objective's own network."""
+    client's label space with adaptor heads), FedRoD's two heads, or the objective's own
+    network."""
+    if model["class_path"].endswith("FedRoD"):
+        return _GenericPlusPersonal(_fresh(entry["architecture"].removeprefix("fedrod:"), model))
     if not model["class_path"].endswith("FML"):
         return _fresh(entry["architecture"], model)
     args = model["init_args"]
