@@ -64,6 +64,7 @@ _OBJECTIVES = _classes("fedlightning.clients", {
     "PerFedAvg": "MAML-style: trains for the loss after one local step (FO or Hessian-free) (Fallah et al. 2020)",
     "PFedMe": "personalized model by K steps on the Moreau envelope, w pulled to it (Dinh et al. 2020)",
     "FedRoD": "generic head on balanced softmax, personalized head added on its features (Chen & Chao 2022)",
+    "FedALA": "starts each round from an element-wise learned mix of its model and the global one (Zhang et al. 2023)",
     "FedDynClient": "cross-entropy - <g_i, w> + (alpha/2) ||w - w_dispatched||^2; pairs with FedDyn",
     "IFCAClient": "trains the cluster model with the lowest loss on its data; pairs with IFCA",
 })  # fmt: skip

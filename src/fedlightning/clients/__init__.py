@@ -11,5 +11,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".fedbn": "FedBN", ".fedper": "FedPer", ".lg_fedavg": "LGFedAvg", ".fedrep": "FedRep",
     ".fedbabu": "FedBABU", ".ditto": "Ditto", ".apfl": "APFL",
     ".perfedavg": "PerFedAvg", ".pfedme": "PFedMe",
-    ".fedrod": "FedRoD",
+    ".fedrod": "FedRoD", ".fedala": "FedALA",
 })  # fmt: skip
