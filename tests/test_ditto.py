@@ -8,23 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning import FederatedLoop
 from fedlightning.clients import Ditto
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload
-
-T = torch.float64
-
-
-def _t(*values):
-    return torch.tensor(values, dtype=T)
-
-
-def _ce_grad(weight, bias, x, y):
-    """d mean CE(x W^T + b, y) / d (W, b), by the softmax's analytic gradient."""
-    probs = torch.softmax(x @ weight.T + bias, dim=1)
-    residual = (probs - torch.eye(weight.shape[0], dtype=T)[y]) / len(y)
-    return residual.T @ x, residual.sum(0)
+from hand_maths import T, ce_grad, pathological, t
 
 
 def _step(client, optimizer, batch):
@@ -35,10 +23,10 @@ def _step(client, optimizer, batch):
 
 def test_two_local_steps_and_the_next_round_by_hand():
     lam, lr = 0.5, 0.1
-    w_t = (_t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3), _t(0.05, -0.05))
-    v_0 = (_t(-0.2, 0.3, 0.1, 0.0, 0.2, -0.1).reshape(2, 3), _t(0.1, 0.0))
-    batches = [(_t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0).reshape(2, 3), torch.tensor([1, 0])),
-               (_t(0.5, 0.5, -1.0, 2.0, 0.0, 1.0).reshape(2, 3), torch.tensor([0, 0]))]  # fmt: skip
+    w_t = (t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3), t(0.05, -0.05))
+    v_0 = (t(-0.2, 0.3, 0.1, 0.0, 0.2, -0.1).reshape(2, 3), t(0.1, 0.0))
+    batches = [(t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0).reshape(2, 3), torch.tensor([1, 0])),
+               (t(0.5, 0.5, -1.0, 2.0, 0.0, 1.0).reshape(2, 3), torch.tensor([0, 0]))]  # fmt: skip
     client = Ditto(lam=lam, network=nn.Linear(3, 2).double(), num_classes=2, lr=lr, momentum=0.0)
     payload = Payload({"weight": w_t[0], "bias": w_t[1]})
     client.begin_client(0, payload, {"personal": {"weight": v_0[0], "bias": v_0[1]}})
@@ -46,9 +34,9 @@ def test_two_local_steps_and_the_next_round_by_hand():
     w, v = w_t, v_0
     for x, y in batches:
         _step(client, optimizer, (x, y))
-        gw, gb = _ce_grad(*w, x, y)
+        gw, gb = ce_grad(*w, x, y)
         w = (w[0] - lr * gw, w[1] - lr * gb)  # w <- w - eta grad F_k(w)
-        hw, hb = _ce_grad(*v, x, y)  # v <- v - eta (grad F_k(v) + lambda (v - w^t))
+        hw, hb = ce_grad(*v, x, y)  # v <- v - eta (grad F_k(v) + lambda (v - w^t))
         v = (v[0] - lr * (hw + lam * (v[0] - w_t[0])), v[1] - lr * (hb + lam * (v[1] - w_t[1])))
     weights, _, state = client.end_client(num_steps=2)
     torch.testing.assert_close(weights["weight"], w[0], rtol=0, atol=1e-15)
@@ -62,7 +50,7 @@ def test_two_local_steps_and_the_next_round_by_hand():
     x, y = batches[0]
     client.personal.zero_grad()
     client.local_loss((x, y)).backward()
-    hw, _ = _ce_grad(*v, x, y)
+    hw, _ = ce_grad(*v, x, y)
     torch.testing.assert_close(client.personal.weight.grad, hw + lam * (v[0] - w_next["weight"]),
                                rtol=0, atol=1e-14)  # fmt: skip
 
@@ -81,11 +69,7 @@ def test_a_first_participation_starts_v_at_the_received_model_and_deploys_it():
 
 
 def test_each_client_deploys_its_own_personal_model(tmp_path):
-    data = FederatedDataModule(
-        dataset="synthetic", num_samples=300, num_test=60, num_classes=3, sample_shape=(6,),
-        num_clients=6, partition="pathological", classes_per_client=2, client_test_fraction=0.25,
-        batch_size=8, seed=0,
-    )  # fmt: skip
+    data = pathological()
     torch.manual_seed(0)
     loop = FederatedLoop(rounds=3, clients_per_round=6, run_dir=str(tmp_path), progress_bar=False,
                          plots=False)  # fmt: skip

@@ -10,17 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning import FederatedLoop
 from fedlightning.backends import CohortBackend, SequentialBackend
 from fedlightning.clients import FedALA
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload
-
-T = torch.float64
-
-
-def _t(*values):
-    return torch.tensor(values, dtype=T)
+from hand_maths import T, pathological, t
 
 
 class _Linear(nn.Module):
@@ -32,14 +27,14 @@ class _Linear(nn.Module):
         return self.head(self.features(x))
 
 
-X = _t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0, 2.0, 1.0, -1.0, 0.5, 0.5, 0.5).reshape(4, 3)
+X = t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0, 2.0, 1.0, -1.0, 0.5, 0.5, 0.5).reshape(4, 3)
 Y = torch.tensor([1, 0, 0, 1])
-GLOBAL = {"features.weight": _t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3),
-          "features.bias": _t(0.05, -0.05), "head.weight": _t(0.9, -0.4, 0.3, 0.7).reshape(2, 2),
-          "head.bias": _t(0.2, -0.1)}  # fmt: skip
-LOCAL = {"features.weight": _t(0.3, 0.0, 0.1, -0.2, 0.2, 0.0).reshape(2, 3),
-         "features.bias": _t(0.0, 0.1), "head.weight": _t(-0.5, 0.6, 0.2, -0.3).reshape(2, 2),
-         "head.bias": _t(-0.2, 0.3)}  # fmt: skip
+GLOBAL = {"features.weight": t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3),
+          "features.bias": t(0.05, -0.05), "head.weight": t(0.9, -0.4, 0.3, 0.7).reshape(2, 2),
+          "head.bias": t(0.2, -0.1)}  # fmt: skip
+LOCAL = {"features.weight": t(0.3, 0.0, 0.1, -0.2, 0.2, 0.0).reshape(2, 3),
+         "features.bias": t(0.0, 0.1), "head.weight": t(-0.5, 0.6, 0.2, -0.3).reshape(2, 2),
+         "head.bias": t(-0.2, 0.3)}  # fmt: skip
 
 
 def _client(eta, **kwargs):
@@ -108,14 +103,6 @@ def test_a_first_participation_trains_the_global_model():
     assert client.personal_state(0, {}, GLOBAL) is GLOBAL
 
 
-def _data():
-    return FederatedDataModule(
-        dataset="synthetic", num_samples=300, num_test=60, num_classes=3, sample_shape=(6,),
-        num_clients=6, partition="pathological", classes_per_client=2, client_test_fraction=0.25,
-        batch_size=8, seed=0,
-    )  # fmt: skip
-
-
 def test_a_run_deploys_each_clients_kept_model_on_every_backend(tmp_path):
     stores = {}
     for backend in (SequentialBackend(), CohortBackend()):
@@ -123,7 +110,7 @@ def test_a_run_deploys_each_clients_kept_model_on_every_backend(tmp_path):
         loop = FederatedLoop(rounds=3, clients_per_round=6, backend=backend, progress_bar=False,
                              run_dir=str(tmp_path / type(backend).__name__), plots=False)  # fmt: skip
         loop.fit(FedALA(network="mlp", num_classes=3, in_channels=6, image_size=1, lr=0.1),
-                 datamodule=_data())  # fmt: skip
+                 datamodule=pathological())  # fmt: skip
         stores[type(backend)] = loop.store
     saved = torch.load(tmp_path / "SequentialBackend" / "personal.pt", weights_only=True)
     for cid in range(6):

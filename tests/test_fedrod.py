@@ -10,17 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning import FederatedLoop
 from fedlightning.clients import FedRoD
 from fedlightning.clients.fedrod import TwoHeads
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload
-
-T = torch.float64
-
-
-def _t(*values):
-    return torch.tensor(values, dtype=T)
+from hand_maths import T, pathological, t
 
 
 class _Linear(nn.Module):
@@ -42,11 +37,11 @@ def _client(counts, lr):
 
 def test_one_local_step_by_hand():
     lr = 0.1
-    a = (_t(0.1, -0.2, 0.3, 0.0, 0.5, -0.1, 0.2, 0.2, 0.0, -0.3, 0.1, 0.4).reshape(4, 3),
-         _t(0.0, 0.1, -0.1, 0.2))  # fmt: skip
-    w = (_t(0.3, -0.1, 0.2, 0.0, -0.2, 0.4, 0.1, 0.3).reshape(2, 4), _t(0.05, -0.05))
-    p = (_t(0.2, 0.1, -0.3, 0.0, 0.1, 0.0, 0.2, -0.1).reshape(2, 4), _t(0.1, 0.0))
-    x, y = _t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0, 2.0, 1.0, -1.0).reshape(3, 3), torch.tensor([1, 0, 0])
+    a = (t(0.1, -0.2, 0.3, 0.0, 0.5, -0.1, 0.2, 0.2, 0.0, -0.3, 0.1, 0.4).reshape(4, 3),
+         t(0.0, 0.1, -0.1, 0.2))  # fmt: skip
+    w = (t(0.3, -0.1, 0.2, 0.0, -0.2, 0.4, 0.1, 0.3).reshape(2, 4), t(0.05, -0.05))
+    p = (t(0.2, 0.1, -0.3, 0.0, 0.1, 0.0, 0.2, -0.1).reshape(2, 4), t(0.1, 0.0))
+    x, y = t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0, 2.0, 1.0, -1.0).reshape(3, 3), torch.tensor([1, 0, 0])
     client = _client([[3, 1]], lr)
     weights = {"features.weight": a[0], "features.bias": a[1], "head.weight": w[0],
                "head.bias": w[1]}  # fmt: skip
@@ -58,7 +53,7 @@ def test_one_local_step_by_hand():
     onehot = torch.eye(2, dtype=T)[y]
     phi = x @ a[0].T + a[1]
     z_g = phi @ w[0].T + w[1]
-    log_prior = torch.log(_t(0.75, 0.25))
+    log_prior = torch.log(t(0.75, 0.25))
     r_g = (torch.softmax(z_g + log_prior, dim=1) - onehot) / 3  # balanced softmax's residual
     r_p = (torch.softmax(z_g + phi @ p[0].T + p[1], dim=1) - onehot) / 3
     expected = {
@@ -98,11 +93,7 @@ def test_a_client_holding_one_class_and_a_first_participation():
 
 
 def test_each_client_deploys_its_generic_model_plus_its_own_head(tmp_path):
-    data = FederatedDataModule(
-        dataset="synthetic", num_samples=300, num_test=60, num_classes=3, sample_shape=(6,),
-        num_clients=6, partition="pathological", classes_per_client=2, client_test_fraction=0.25,
-        batch_size=8, seed=0,
-    )  # fmt: skip
+    data = pathological()
     torch.manual_seed(0)
     loop = FederatedLoop(rounds=2, clients_per_round=6, run_dir=str(tmp_path), progress_bar=False,
                          plots=False)  # fmt: skip

@@ -8,24 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedlightning import FederatedDataModule, FederatedLoop
+from fedlightning import FederatedLoop
 from fedlightning.backends import CohortBackend
 from fedlightning.clients import PerFedAvg
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload
-
-T = torch.float64
-
-
-def _t(*values):
-    return torch.tensor(values, dtype=T)
-
-
-def _ce_grad(weight, bias, x, y):
-    """d mean CE(x W^T + b, y) / d (W, b), by the softmax's analytic gradient."""
-    probs = torch.softmax(x @ weight.T + bias, dim=1)
-    residual = (probs - torch.eye(weight.shape[0], dtype=T)[y]) / len(y)
-    return residual.T @ x, residual.sum(0)
+from hand_maths import T, ce_grad, pathological, t
 
 
 def _axpy(a, x, y):
@@ -34,9 +22,9 @@ def _axpy(a, x, y):
 
 
 BATCHES = [
-    (_t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0, 2.0, 1.0, -1.0, 0.5, 0.5, 0.5).reshape(4, 3),
+    (t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0, 2.0, 1.0, -1.0, 0.5, 0.5, 0.5).reshape(4, 3),
      torch.tensor([1, 0, 1, 1])),
-    (_t(0.5, 0.5, -1.0, 2.0, 0.0, 1.0, -1.0, 1.0, 1.0, 0.0, -2.0, 1.0).reshape(4, 3),
+    (t(0.5, 0.5, -1.0, 2.0, 0.0, 1.0, -1.0, 1.0, 1.0, 0.0, -2.0, 1.0).reshape(4, 3),
      torch.tensor([0, 0, 1, 0])),
 ]  # fmt: skip
 
@@ -44,7 +32,7 @@ BATCHES = [
 @pytest.mark.parametrize("variant", ["fo", "hf"])
 def test_two_local_steps_by_hand(variant):
     alpha, beta, delta = 0.3, 0.1, 1e-3
-    w = (_t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3), _t(0.05, -0.05))
+    w = (t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3), t(0.05, -0.05))
     client = PerFedAvg(alpha=alpha, variant=variant, delta=delta, network=nn.Linear(3, 2).double(),
                        num_classes=2, lr=beta, momentum=0.0)  # fmt: skip
     client.begin_client(0, Payload({"weight": w[0], "bias": w[1]}), {})
@@ -54,12 +42,12 @@ def test_two_local_steps_by_hand(variant):
         client.local_loss((x, y)).backward()
         optimizer.step()
         (xd, xd2), (yd, yd2) = (x[:2], x[2:]), (y[:2], y[2:])  # D and D': the batch's halves
-        w_tmp = _axpy(-alpha, _ce_grad(*w, xd, yd), w)
-        u = _ce_grad(*w_tmp, xd2, yd2)
+        w_tmp = _axpy(-alpha, ce_grad(*w, xd, yd), w)
+        u = ce_grad(*w_tmp, xd2, yd2)
         d = u
         if variant == "hf":  # (I - alpha H(w; D)) u by a central difference
-            plus = _ce_grad(*_axpy(delta, u, w), xd, yd)
-            minus = _ce_grad(*_axpy(-delta, u, w), xd, yd)
+            plus = ce_grad(*_axpy(delta, u, w), xd, yd)
+            minus = ce_grad(*_axpy(-delta, u, w), xd, yd)
             hvp = tuple((a - b) / (2 * delta) for a, b in zip(plus, minus, strict=True))
             d = _axpy(-alpha, hvp, u)
         w = _axpy(-beta, d, w)
@@ -93,21 +81,13 @@ def test_the_hessian_free_step_approximates_the_exact_hessian():
     torch.testing.assert_close(step, exact, rtol=0, atol=1e-8)
 
 
-def _data():
-    return FederatedDataModule(
-        dataset="synthetic", num_samples=300, num_test=60, num_classes=3, sample_shape=(6,),
-        num_clients=6, partition="pathological", classes_per_client=2, client_test_fraction=0.25,
-        batch_size=8, seed=0,
-    )  # fmt: skip
-
-
 def test_clients_personalize_by_one_step_at_alpha_and_the_cohort_refuses(tmp_path):
     objective = PerFedAvg(alpha=0.05, network="mlp", num_classes=3, in_channels=6, image_size=1)
     assert objective.personal_defaults() == {"fine_tune_steps": 1, "fine_tune_lr": 0.05}
     torch.manual_seed(0)
     loop = FederatedLoop(rounds=2, clients_per_round=3, run_dir=str(tmp_path / "a"),
                          progress_bar=False, plots=False)  # fmt: skip
-    loop.fit(objective, datamodule=_data())
+    loop.fit(objective, datamodule=pathological())
     saved = torch.load(tmp_path / "a" / "personal.pt", weights_only=True)["clients"]
     server = loop.aggregator.global_state()
     assert len(saved) == 6 and not torch.equal(saved[0]["state_dict"]["head.weight"],
@@ -115,7 +95,7 @@ def test_clients_personalize_by_one_step_at_alpha_and_the_cohort_refuses(tmp_pat
     loop = FederatedLoop(rounds=1, clients_per_round=2, run_dir=str(tmp_path / "b"),
                          progress_bar=False, plots=False, backend=CohortBackend())  # fmt: skip
     with pytest.raises(ConfigurationError, match="PerFedAvg overrides training_step") as error:
-        loop.fit(objective, datamodule=_data())
+        loop.fit(objective, datamodule=pathological())
     assert "\n" not in str(error.value)
 
 

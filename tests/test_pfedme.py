@@ -14,26 +14,14 @@ from fedlightning.clients import PFedMe
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Payload, Upload
 from fedlightning.server import FedAvgM
-
-T = torch.float64
-
-
-def _t(*values):
-    return torch.tensor(values, dtype=T)
-
-
-def _ce_grad(weight, bias, x, y):
-    """d mean CE(x W^T + b, y) / d (W, b), by the softmax's analytic gradient."""
-    probs = torch.softmax(x @ weight.T + bias, dim=1)
-    residual = (probs - torch.eye(weight.shape[0], dtype=T)[y]) / len(y)
-    return residual.T @ x, residual.sum(0)
+from hand_maths import ce_grad, t
 
 
 def test_two_local_steps_by_hand():
     lam, k, personal_lr, eta = 2.0, 3, 0.2, 0.05
-    w = (_t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3), _t(0.05, -0.05))
-    batches = [(_t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0).reshape(2, 3), torch.tensor([1, 0])),
-               (_t(0.5, 0.5, -1.0, 2.0, 0.0, 1.0).reshape(2, 3), torch.tensor([0, 0]))]  # fmt: skip
+    w = (t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3), t(0.05, -0.05))
+    batches = [(t(1.0, -2.0, 0.5, 0.0, 1.0, 3.0).reshape(2, 3), torch.tensor([1, 0])),
+               (t(0.5, 0.5, -1.0, 2.0, 0.0, 1.0).reshape(2, 3), torch.tensor([0, 0]))]  # fmt: skip
     client = PFedMe(lam=lam, inner_steps=k, personal_lr=personal_lr,
                     network=nn.Linear(3, 2).double(), num_classes=2, lr=eta, momentum=0.0)  # fmt: skip
     client.begin_client(0, Payload({"weight": w[0], "bias": w[1]}), {})
@@ -44,7 +32,7 @@ def test_two_local_steps_by_hand():
         client.local_loss((x, y)).backward()
         optimizer.step()
         for _ in range(k):
-            g = _ce_grad(*theta, x, y)
+            g = ce_grad(*theta, x, y)
             theta = tuple(t - personal_lr * (gi + lam * (t - wi))
                           for t, gi, wi in zip(theta, g, w, strict=True))  # fmt: skip
         w = tuple(wi - eta * lam * (wi - t) for wi, t in zip(w, theta, strict=True))
@@ -59,12 +47,10 @@ def test_two_local_steps_by_hand():
 def test_the_servers_beta_is_fedavgm_without_momentum():
     """w <- (1 - beta) w + beta mean_i w_i, beta = 2 (the paper's beta > 1 runs)."""
     server = FedAvgM(server_lr=2.0, server_momentum=0.0, weighting="uniform")
-    server.setup({"w": _t(1.0, 2.0)}, 2)
-    server.aggregate(
-        0, [Upload(0, {"w": _t(2.0, 2.0)}, 3, 1), Upload(1, {"w": _t(0.0, 4.0)}, 5, 1)]
-    )
-    mean = _t(1.0, 3.0)
-    torch.testing.assert_close(server.global_state()["w"], -1.0 * _t(1.0, 2.0) + 2.0 * mean)
+    server.setup({"w": t(1.0, 2.0)}, 2)
+    server.aggregate(0, [Upload(0, {"w": t(2.0, 2.0)}, 3, 1), Upload(1, {"w": t(0.0, 4.0)}, 5, 1)])
+    mean = t(1.0, 3.0)
+    torch.testing.assert_close(server.global_state()["w"], -1.0 * t(1.0, 2.0) + 2.0 * mean)
 
 
 def test_the_cohort_and_bad_options_are_refused_in_one_line(tmp_path):

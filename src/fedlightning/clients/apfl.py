@@ -13,7 +13,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedlightning.clients.base import ClientModule
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.clients.groups import refuse_groups
+from fedlightning.errors import require
 from fedlightning.protocol import Payload, StateDict
 
 
@@ -60,12 +61,8 @@ class APFL(ClientModule):
     ) -> None:  # fmt: skip
         require(0 <= alpha <= 1, "model.alpha", alpha, "a number in [0, 1]")
         require(alpha_lr is None or alpha_lr > 0, "model.alpha_lr", alpha_lr, "null or > 0")
-        networks = kwargs.get("networks")
-        if networks is not None and len(networks) > 1:
-            raise ConfigurationError(
-                f"model.networks={list(networks)}: APFL mixes the local and the global model "
-                "parameter by parameter, defined for one architecture: give model.network"
-            )
+        refuse_groups(kwargs.get("networks"), "APFL", "mixes the local and the global model "
+                      "parameter by parameter, defined for one architecture")  # fmt: skip
         super().__init__(**kwargs)
         self.initial_alpha, self.adaptive = alpha, adaptive
         self.alpha_lr = self.lr if alpha_lr is None else alpha_lr

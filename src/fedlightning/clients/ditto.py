@@ -12,7 +12,8 @@ from torch import Tensor
 
 from fedlightning.clients.base import ClientModule
 from fedlightning.clients.fedprox import proximal_term
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.clients.groups import refuse_groups
+from fedlightning.errors import require
 from fedlightning.protocol import Payload, StateDict
 
 
@@ -47,13 +48,9 @@ class Ditto(ClientModule):
 
     def __init__(self, lam: float = 0.1, **kwargs: Any) -> None:
         require(lam >= 0, "model.lam", lam, "a number >= 0")
-        networks = kwargs.get("networks")
-        if networks is not None and len(networks) > 1:
-            raise ConfigurationError(
-                f"model.networks={list(networks)}: Ditto's personal model is a copy of the one "
-                "network it shares, and client groups of several architectures have none: give "
-                "model.network"
-            )
+        refuse_groups(kwargs.get("networks"), "Ditto", "keeps a copy of the one network it "
+                      "shares as its personal model, and client groups of several "
+                      "architectures have none")  # fmt: skip
         super().__init__(**kwargs)
         self.lam = lam
         #: the client's personal model v (its parameters are a part of this module's)

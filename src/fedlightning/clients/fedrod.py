@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from fedlightning.clients.base import ClientModule
 from fedlightning.clients.evaluation_hooks import PersonalNetwork
+from fedlightning.clients.groups import refuse_groups
 from fedlightning.errors import ConfigurationError
 from fedlightning.models import create_model
 from fedlightning.protocol import Payload, StateDict
@@ -68,13 +69,9 @@ class FedRoD(ClientModule):
     }
 
     def __init__(self, **kwargs: Any) -> None:
-        networks = kwargs.get("networks")
-        if networks is not None and len(networks) > 1:
-            raise ConfigurationError(
-                f"model.networks={list(networks)}: FedRoD's personalized head reads one "
-                "network's features, and client groups of several architectures have none: "
-                "give model.network"
-            )
+        refuse_groups(kwargs.get("networks"), "FedRoD", "puts its personalized head on one "
+                      "network's features, and client groups of several architectures have "
+                      "none")  # fmt: skip
         super().__init__(**kwargs)
         head = getattr(self.network, "head", None)
         if not isinstance(head, nn.Linear):

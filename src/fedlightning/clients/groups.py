@@ -53,6 +53,15 @@ def check_nested(names: Sequence[str], states: Sequence[StateDict]) -> int:
     return largest
 
 
+def refuse_groups(networks: Sequence[str] | None, objective: str, reason: str) -> None:
+    """A one-line ConfigurationError when ``model.networks`` names more than one architecture
+    for an objective defined for one (``reason``: why, completing "<objective> ...")."""
+    if networks is not None and len(networks) > 1:
+        raise ConfigurationError(
+            f"model.networks={list(networks)}: {objective} {reason}: give model.network"
+        )
+
+
 class ClientGroups:
     """Every architecture a client objective trains, each network built once and owned here.
 

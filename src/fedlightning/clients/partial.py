@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from fedlightning.clients.base import ClientModule
+from fedlightning.clients.groups import refuse_groups
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.protocol import ClientKeys, StateDict
 
@@ -64,13 +65,9 @@ class PartialSharing(ClientModule):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        networks = kwargs.get("networks")
-        if networks is not None and len(networks) > 1:
-            raise ConfigurationError(
-                f"model.networks={list(networks)}: {type(self).__name__} is defined for one "
-                "architecture (its paper shares one network's layers), and client groups of "
-                "several are not: give model.network"
-            )
+        refuse_groups(kwargs.get("networks"), type(self).__name__, "is defined for one "
+                      "architecture (its paper shares one network's layers), and client groups "
+                      "of several are not")  # fmt: skip
         full = self.network.state_dict()
         #: the state_dict keys each client keeps (never uploaded)
         self.kept = frozenset(self.kept_keys(self.network))

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedlightning.clients.base import ClientModule
-from fedlightning.errors import ConfigurationError, require
+from fedlightning.clients.groups import refuse_groups
+from fedlightning.errors import require
 from fedlightning.protocol import Payload, StateDict
 
 
@@ -54,13 +55,9 @@ class PFedMe(ClientModule):
         require(type(inner_steps) is int and inner_steps >= 1, "model.inner_steps", inner_steps,
                 "an integer >= 1")  # fmt: skip
         require(personal_lr > 0, "model.personal_lr", personal_lr, "a number > 0")
-        networks = kwargs.get("networks")
-        if networks is not None and len(networks) > 1:
-            raise ConfigurationError(
-                f"model.networks={list(networks)}: pFedMe's personalized model is a copy of the "
-                "one network it shares, and client groups of several architectures have none: "
-                "give model.network"
-            )
+        refuse_groups(kwargs.get("networks"), "pFedMe", "keeps a copy of the one network it "
+                      "shares as its personalized model, and client groups of several "
+                      "architectures have none")  # fmt: skip
         super().__init__(**kwargs)
         self.lam, self.inner_steps, self.personal_lr = lam, inner_steps, personal_lr
         #: the personalized model theta (out of the optimizer: the inner solver steps it)
