@@ -41,7 +41,9 @@ from user_clients import (
 #: a tiny ResNet, so that every rule (InCo's ResNet layer pairs, MOON's features) applies
 NETWORK = dict(network="resnet14", network_kwargs={"width": 4, "stem": "small"}, num_classes=3,
                in_channels=1, image_size=8, lr=0.05)  # fmt: skip
-OBJECTIVES = [getattr(clients, n) for n in clients.__all__]
+#: the base objective first: each aggregator's partner is the first that pairs with it
+OBJECTIVES = sorted((getattr(clients, n) for n in clients.__all__),
+                    key=lambda cls: cls is not clients.ClientModule)  # fmt: skip
 #: user-written aggregators on the server_update hook, held to the built-ins' contract
 PLUGINS = [ServerNesterov, AdamDeclaredCounter, FedDynServer]
 AGGREGATORS = [
