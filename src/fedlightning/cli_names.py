@@ -38,6 +38,7 @@ _BAD_PATH = re.compile(
 _NOT_ACCEPTED = re.compile(
     r"Problem with given class_path '([^']+)':\s*\n\s*Option '([^']+)' is not accepted"
 )
+_NOT_SUBCLASS = re.compile(r"Import path (\S+) does not correspond to a subclass of")
 _BASE = re.compile(r"Subtypes: \[(?:<class '|list\[)([\w.]+)")
 _EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)")
 _LITERAL = re.compile(r"typing\.Literal\[(.*)\]")
@@ -69,6 +70,8 @@ def parse_error_line(message: str, options: Sequence[str] = ()) -> str:
         )
     if (names := _BAD_NAME.findall(message)) and not _NOT_ACCEPTED.search(message):
         name = next(group for group in names[-1] if group)
+        if not_subclass := _NOT_SUBCLASS.search(message):  # a class path in a YAML mapping
+            name = not_subclass[1]
         misplaced = _misplaced(name.rsplit(".", 1)[-1], kind)
         return f"{key}: {misplaced or _unknown(name, kind, base[-1] if base else None)}"
     if not_accepted := _NOT_ACCEPTED.search(message):

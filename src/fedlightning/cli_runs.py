@@ -143,7 +143,7 @@ def run_seeds(args: list[str], seeds: list[int]) -> None:
     else:
         runs = [run_seed(args, seed) for seed in seeds]
     print(summary_line(runs))
-    if plan.trainer.init_args["plots"]:
+    if plan.trainer.reporter.plots:
         from fedlightning.analysis.plots import plot_runs
 
         base = Path(runs[0].run_dir).parent
@@ -160,7 +160,7 @@ def run_seed(args: list[str], seed: int) -> SeedRun:
     Ray task: it runs in a worker process)."""
     cli = fit_command([*args, "--loop.seed", str(seed)], subdirectory=f"seed_{seed}")
     history = cli.trainer.history
-    return SeedRun(seed, str(cli.trainer.run_dir), dict(history[-1]) if history else {})
+    return SeedRun(seed, str(cli.trainer.options.run_dir), dict(history[-1]) if history else {})
 
 
 def _seeds_on_ray(args: list[str], seeds: list[int], backend: RayBackend) -> list[SeedRun]:
