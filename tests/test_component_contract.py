@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import user_components
+from fedlightning import FederatedLoop
 from fedlightning.attacks import SignFlip
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop import components
@@ -196,3 +197,32 @@ def test_an_undeclared_counter_stops_a_cli_run_naming_it(cli, tmp_path, capsys):
         cli(tmp_path, "--loop.components+", "user_components.Counter", "--loop.rounds", "2")
     assert exit_info.value.code == 2
     assert "round 1: the round component Counter.count changed (now 1)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"target_acc": 0.5, "components": [components.TargetTracker(0.6)]},
+         r"^loop.target_acc and loop.components\[0\] \(TargetTracker\) both configure the "
+         r"TargetTracker: give one of them$"),
+        ({"attack": SignFlip(fraction=0.2), "components": [components.Adversary(SignFlip())]},
+         r"^loop.attack and loop.components\[0\] \(Adversary\)"),
+        ({"components": [components.TargetTracker(), components.TargetTracker(0.5)]},
+         r"^loop.components\[1\] is a second TargetTracker \(loop.components\[0\] is one\)"),
+        ({"components": [components.ServerGuard()]},
+         r"^loop.components\[0\]=ServerGuard is a built-in round component that every run has, "
+         r"in its place \(loop.on_round_failure is its option\): leave it out"),
+        ({"components": [user_components.UpdateNormMeter(), user_components.UpdateNormMeter("b")]},
+         r"^loop.components: UpdateNormMeter keeps its state under 'update_norm', as "
+         r"UpdateNormMeter does"),
+        ({"components": [SignFlip()]},
+         r"^loop.components\[0\]=SignFlip is an instance of SignFlip \(a class derived from "
+         r"fedlightning.attacks.base.UploadAttack\), not a round component"),
+        ({"target_acc": 97.0}, r"^loop.target_acc=97.0 is not allowed"),
+    ],
+    ids=["target-twice", "attack-twice", "two-trackers", "always-on", "one-key", "no-component",
+         "bad-target"],
+)  # fmt: skip
+def test_the_components_option_refuses_in_one_line(kwargs, message):
+    with pytest.raises(ConfigurationError, match=message):
+        FederatedLoop(**kwargs)
