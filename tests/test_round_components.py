@@ -156,7 +156,10 @@ def test_a_checkpoint_from_before_components_were_in_the_identity_resumes(cli, t
     resume = ["--loop.rounds", "2", "--ckpt_path", str(run / "last.ckpt")]
     with pytest.raises(SystemExit):
         cli(run, *SHORT, *attack("0.5"), *resume)
-    assert "Adversary's option attack.init_args.fraction is 0.25" in capsys.readouterr().err
+    assert (
+        "the round component Adversary's option attack.init_args.fraction "
+        "(loop.attack.init_args.fraction) is 0.25 in the checkpoint but 0.5 in this run"
+    ) in capsys.readouterr().err
     cli(run, *SHORT, *attack(), "--loop.target_acc", "0.6", *resume)  # the target may change
     assert (run / "global.pt").read_bytes() == (straight / "global.pt").read_bytes()
 

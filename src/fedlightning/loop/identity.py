@@ -75,7 +75,7 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.loop.components.identity import (
     component_difference,
     component_identity,
-    stored_components,
+    components_of,
 )
 from fedlightning.loop.config_diff import NOT_SET, differences, short
 from fedlightning.run_config import plain
@@ -218,7 +218,7 @@ def compare_identity(ckpt_path: str, stored: Any, current: dict[str, Any]) -> No
             )
         if stored[field] != current[field]:
             raise _another_run(ckpt_path, field, stored[field], current[field], todo)
-    difference = component_difference(stored_components(stored), current["components"])
+    difference = component_difference(components_of(stored), components_of(current))
     if difference is not None:
         raise ConfigurationError(
             f"ckpt_path={ckpt_path!r} was written by another run: {difference}, {NEW_RUN}"

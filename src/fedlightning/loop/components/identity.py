@@ -31,13 +31,13 @@ def component_identity(components: Sequence[RoundComponent]) -> list[dict[str, A
     return [normalise(plain(component)) for component in components]
 
 
-def stored_components(stored: dict[str, Any]) -> list[dict[str, Any]]:
-    """A checkpoint identity's components; one written before they were part of the identity ran
-    the adversary of its config's ``loop.attack`` (if any) and the target tracker of its
+def components_of(identity: dict[str, Any]) -> list[dict[str, Any]]:
+    """An identity's components; one written before they were part of the identity ran the
+    adversary of its config's ``loop.attack`` (if any) and the target tracker of its
     ``loop.target_acc`` (and no component of a user's)."""
-    if "components" in stored:
-        return list(stored["components"])
-    loop = stored["config"].get("loop") or {}
+    if "components" in identity:
+        return list(identity["components"])
+    loop = identity["config"].get("loop") or {}
     attack = loop.get("attack")
     adversary = {"class_path": public_class_path(Adversary), "init_args": {"attack": attack}}
     target = loop.get("target_acc")
