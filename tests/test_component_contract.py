@@ -17,6 +17,7 @@ import torch
 import user_components
 from fedlightning import FederatedLoop
 from fedlightning.attacks import SignFlip
+from fedlightning.backends import SequentialBackend
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop import components
 from fedlightning.loop.components.watch import ComponentWatch
@@ -114,7 +115,9 @@ def built_ins() -> list[type[RoundComponent]]:
 
 
 def made(kind: type[RoundComponent]) -> RoundComponent:
-    """``kind`` with example options."""
+    """``kind`` with example options (the run's path: with the parts start-up gives it)."""
+    if kind is components.RunPath:
+        return kind(SequentialBackend(), {}, torch.device("cpu"))
     return kind(SignFlip(fraction=0.2)) if kind is components.Adversary else kind()
 
 

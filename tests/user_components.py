@@ -10,15 +10,20 @@ SEEN: list[tuple[str, int, frozenset[str]]] = []
 #: the uploads :class:`Probe` saw at ``on_results`` and at ``admits``, by round
 UPLOADS: dict[tuple[str, int], list] = {}
 ROUND_FIELDS = ("index", "last", "started", "client_ids", "payloads", "jobs", "results", "kept",
-                "uploads")  # fmt: skip
+                "uploads", "aggregated")  # fmt: skip
 
 
 def filled(round) -> frozenset[str]:
-    """The fields of ``round`` that hold something (index, last and start time always do)."""
-    return frozenset(
-        name for name in ROUND_FIELDS
-        if name in ("index", "last", "started") or len(getattr(round, name))
-    )  # fmt: skip
+    """The fields of ``round`` that hold something (index, last and start time always do;
+    ``aggregated`` once it is True)."""
+    return frozenset(name for name in ROUND_FIELDS if _holds(round, name))
+
+
+def _holds(round, name) -> bool:
+    if name in ("index", "last", "started"):
+        return True
+    value = getattr(round, name)
+    return value is True if isinstance(value, bool) else len(value) > 0
 
 
 class Probe(RoundComponent):

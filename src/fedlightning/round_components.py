@@ -74,6 +74,9 @@ class Round:
         uploads: the successful fits' uploads: as the clients sent them at ``on_results``, as the
             aggregator receives them (after :meth:`RoundComponent.transform_uploads`) from
             ``admits`` on.
+        aggregated: whether the aggregator aggregated them (False: too few uploads, or a
+            component refused the round in :meth:`RoundComponent.admits`); set from
+            ``on_aggregating`` on (False before).
     """
 
     index: int
@@ -85,6 +88,7 @@ class Round:
     results: Mapping[int, FitResult | BaseException] = field(default_factory=dict)
     kept: Sequence[tuple[int, FitResult]] = ()
     uploads: list[Upload] = field(default_factory=list)
+    aggregated: bool = False
 
     def seconds(self) -> float:
         """Wall time since the round started."""
@@ -161,14 +165,14 @@ class RoundComponent(RecordsInitArgs):
 
         Sees: ``round.index``, ``round.last``, ``round.started``, ``round.client_ids``,
         ``round.payloads``, ``round.jobs``, ``round.results``, ``round.kept``, ``round.uploads``
-        (as the aggregator receives them)."""
+        (as the aggregator receives them), ``round.aggregated`` (True)."""
 
     def on_aggregated(self, round: Round) -> None:
         """Just after the aggregation.
 
         Sees: ``round.index``, ``round.last``, ``round.started``, ``round.client_ids``,
         ``round.payloads``, ``round.jobs``, ``round.results``, ``round.kept``, ``round.uploads``
-        (as the aggregator received them)."""
+        (as the aggregator received them), ``round.aggregated`` (True)."""
 
     def on_evaluated(self, round: Round, row: Row) -> Row | None:
         """An evaluated round's ``row`` (with the earlier components' columns); returns it with
@@ -177,7 +181,8 @@ class RoundComponent(RecordsInitArgs):
 
         Sees: ``round.index``, ``round.last``, ``round.started``, ``round.client_ids``,
         ``round.payloads``, ``round.jobs``, ``round.results``, ``round.kept``, ``round.uploads``
-        (as the aggregator received them)."""
+        (as the aggregator received them), ``round.aggregated`` (False in a round that
+        aggregated nothing: too few uploads, or refused)."""
         return row
 
     def on_round_end(self, round: Round) -> None:
@@ -185,7 +190,8 @@ class RoundComponent(RecordsInitArgs):
 
         Sees: ``round.index``, ``round.last``, ``round.started``, ``round.client_ids``,
         ``round.payloads``, ``round.jobs``, ``round.results``, ``round.kept``, ``round.uploads``
-        (as the aggregator received them)."""
+        (as the aggregator received them), ``round.aggregated`` (False in a round that
+        aggregated nothing: too few uploads, or refused)."""
 
     # -- the end of the run -----------------------------------------------------------------------
     def on_run_end(self, failing: bool) -> str | None:

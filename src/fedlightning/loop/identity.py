@@ -18,11 +18,12 @@ same structure from the CLI and from Python) plus facts derived from the objects
   (:func:`~fedlightning.loop.components.identity.component_identity`); the always-on built-ins
   have no options of their own and are left out;
 - ``backend_results``: whose numerics the backend's fits follow: ``sequential`` for
-  SequentialBackend, RayBackend and AutoBackend where it chose sequential; ``cohort`` for
+  SequentialBackend, RayBackend and AutoBackend where it runs sequential fits; ``cohort`` for
   CohortBackend (its vmapped fits follow another floating-point trajectory, e.g. with BatchNorm)
-  and AutoBackend where it chose the cohort (by measurement: a resumed AutoBackend takes the
-  checkpoint's path, docs/algorithms.md section 9.3); ``flower`` for FlowerBackend; any other
-  backend its class path;
+  and AutoBackend where it runs the cohort; ``flower`` for FlowerBackend; any other backend its
+  class path. Each checkpoint records the path of the rounds before it (an AutoBackend that fell
+  back to sequential fits mid-run: ``sequential``, :mod:`fedlightning.loop.components.run_path`),
+  and a resumed AutoBackend takes that path (docs/algorithms.md section 9.3);
 - ``library_version``: a different one only warns.
 
 A resume (:func:`compare_identity`) may change only the options that cannot change the result,
@@ -63,22 +64,15 @@ from typing import Any
 
 import torch
 
-from fedlightning.backends import (
-    AutoBackend,
-    Backend,
-    CohortBackend,
-    FlowerBackend,
-    RayBackend,
-    SequentialBackend,
-)
+from fedlightning.backends import Backend
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.components.identity import (
     component_difference,
     component_identity,
     components_of,
 )
+from fedlightning.loop.components.run_path import backend_results
 from fedlightning.loop.config_diff import NOT_SET, differences, short
-from fedlightning.run_config import plain
 
 log = logging.getLogger("fedlightning")
 
@@ -133,20 +127,6 @@ def architecture(state: dict[str, torch.Tensor]) -> str:
         digest.update(f"{key}:{tuple(state[key].shape)}:{state[key].dtype};".encode())
     params = sum(v.numel() for v in state.values())
     return f"{len(state)} tensors, {params:,} parameters, sha256 {digest.hexdigest()[:12]}"
-
-
-def backend_results(backend: Backend) -> Any:
-    """Whose numerics ``backend``'s fits follow (see the module docstring); an AutoBackend must
-    have chosen (its ``check`` ran). Exact classes: a subclass may fit differently."""
-    if type(backend) is AutoBackend and backend.chosen is not None:
-        backend = backend.chosen
-    family = {
-        SequentialBackend: "sequential",
-        RayBackend: "sequential",
-        CohortBackend: "cohort",
-        FlowerBackend: "flower",
-    }.get(type(backend))
-    return family if family is not None else plain(backend)  # unknown: any change is refused
 
 
 def library_version() -> str:

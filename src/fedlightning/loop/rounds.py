@@ -54,7 +54,7 @@ class Rounds:
         started = time.perf_counter()
         try:
             # every undeclared attribute of the components fingerprinted, after any resume
-            parts = [*run.context.parts(), o, run, run.components]
+            parts = [*run.context.parts(), o, run, run.identity, run.components]
             self.watch = ComponentWatch(run.components, parts)
             with o.reporter.progress(rounds, run.first_round) as advance:
                 for r in range(run.first_round, rounds):
@@ -88,7 +88,8 @@ class Rounds:
         for c in components:  # one place for every backend: after the fits
             uploads = c.transform_uploads(rnd, uploads)
         rnd.uploads = uploads
-        if self._aggregates(rnd):
+        rnd.aggregated = self._aggregates(rnd)
+        if rnd.aggregated:
             for c in components:
                 c.on_aggregating(rnd)
             o.aggregator.aggregate(r, rnd.uploads)

@@ -41,8 +41,8 @@ from fedlightning.fit import trainer_reason
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator
 from fedlightning.loop.components import (
-    CheckpointSaver,
     RunContext,
+    closing_components,
     run_components,
     setup_components,
 )
@@ -105,7 +105,7 @@ def prepare_run(
         first_round=0, last_checkpoint=None, fit_config=fit_config, scoring=scoring,
         components=components, context=context,
     )  # fmt: skip
-    components.append(CheckpointSaver(parts, run, components))  # last: it saves theirs
+    components += closing_components(parts, run, components)  # the writer last: it saves theirs
     if checkpoint is not None and ckpt_path is not None:
         restore(parts, run, ckpt_path, checkpoint)
     return run

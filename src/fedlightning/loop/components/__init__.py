@@ -12,12 +12,14 @@ A run's components, in the order each point of a round calls them:
 5. :class:`TargetTracker`: always on (``loop.target_acc: a`` or ``{class_path:
    ...TargetTracker, init_args: {target: a}}``; without a target it only keeps the run's time).
 6. the user's components, in the order ``loop.components`` lists them.
-7. :class:`CheckpointSaver`: always on, last (``loop.checkpoint_every``).
+7. :class:`RunPath`: always on (records the path each round took in the run's identity).
+8. :class:`CheckpointSaver`: always on, last (``loop.checkpoint_every``).
 
 The order is the order of effects: the adversary transforms the uploads before anything else
 sees them; the server guard discards a failed round's row before the targets and the user's
-components see it (they never react to a model the run rolled back); the checkpoint writer comes
-last, so a checkpoint holds what every other component did in its round. A built-in keeps its
+components see it (they never react to a model the run rolled back); the run's path is recorded
+in the identity before the checkpoint writer, which comes last, so a checkpoint holds what every
+other component did in its round. A built-in keeps its
 place whatever the list's order; one of each at most, and one spelling (a shorthand and a listed
 one together are refused). The always-on built-ins take their options from the run and are not
 listed.
@@ -25,6 +27,8 @@ listed.
 Start-up (:func:`setup_components`) sets each component's declared state to its initial value,
 calls its ``setup`` with the run (:class:`RunContext`), then folds ``configure_fit`` over the
 components; a run without an adversary gets the aggregator's breakdown check for no attack.
+The last two built-ins (:func:`closing_components`) are made once the run's identity and device
+are resolved: they read and write the run's state (:class:`~fedlightning.loop.run_state.RunState`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.components.adversary import Adversary
 from fedlightning.loop.components.checkpoints import CheckpointSaver
 from fedlightning.loop.components.context import RunContext
+from fedlightning.loop.components.identity import SHORTHANDS
 from fedlightning.loop.components.privacy import PrivacyReport
+from fedlightning.loop.components.run_path import RunPath
+from fedlightning.loop.options import RunParts
+from fedlightning.loop.run_state import RunState
 from fedlightning.loop.server_guard import ServerGuard
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import FitConfig
@@ -45,8 +53,8 @@ from fedlightning.round_components import RoundComponent
 
 __all__ = [
     "Adversary", "CheckpointSaver", "CommunicationMeter", "PrivacyReport", "RunContext",
-    "ServerGuard", "TargetTracker", "configured_components", "run_components",
-    "setup_components",
+    "RunPath", "ServerGuard", "TargetTracker", "closing_components", "configured_components",
+    "run_components", "setup_components",
 ]  # fmt: skip
 
 #: the built-ins that are always on, and what configures each (they are not listed)
@@ -54,12 +62,8 @@ ALWAYS_ON: dict[type[RoundComponent], str] = {
     CommunicationMeter: "it has no options",
     PrivacyReport: "loop.dp_sgd and the aggregator give its columns",
     ServerGuard: "loop.on_round_failure is its option",
+    RunPath: "loop.backend is what it records",
     CheckpointSaver: "loop.checkpoint_every is its option",
-}
-#: the built-ins a config lists: the option of theirs a shorthand of the loop sets
-SHORTHANDS: dict[type[RoundComponent], tuple[str, str]] = {
-    Adversary: ("attack", "loop.attack"),
-    TargetTracker: ("target", "loop.target_acc"),
 }
 
 
@@ -139,11 +143,22 @@ def _check_keys(components: Sequence[RoundComponent]) -> None:
 def run_components(
     configured: Sequence[RoundComponent],
 ) -> list[RoundComponent]:
-    """The run's components but the checkpoint writer, in their places (module docstring):
+    """The run's components but the last two (:func:`closing_components`), in their places
+    (module docstring):
     the always-on built-ins made afresh, the configured ones around them."""
     adversary = [c for c in configured if isinstance(c, Adversary)]
     rest = [c for c in configured if not isinstance(c, Adversary)]
     return [CommunicationMeter(), PrivacyReport(), *adversary, ServerGuard(), *rest]
+
+
+def closing_components(
+    parts: RunParts, run: RunState, components: Sequence[RoundComponent]
+) -> list[RoundComponent]:
+    """The run's last two built-ins (module docstring), made once ``run`` has its identity and
+    device: the run's path, then the checkpoint writer, which saves every one of ``components``
+    (the list these two are appended to, them included)."""
+    path = RunPath(parts.backend, run.identity, run.compute.device)
+    return [path, CheckpointSaver(parts, run, components)]
 
 
 def setup_components(components: Sequence[RoundComponent], run: RunContext) -> FitConfig:

@@ -58,4 +58,5 @@ class Adversary(RoundComponent):
 
     def on_evaluated(self, round: Round, row: Row) -> Row | None:
         assert self.adversary is not None
-        return {**row, **self.adversary.round_metrics(round.uploads)}
+        # a round refused (beyond the breakdown point) or skipped aggregated no upload
+        return {**row, **self.adversary.round_metrics(round.uploads if round.aggregated else [])}

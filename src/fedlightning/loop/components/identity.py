@@ -16,13 +16,18 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
-from fedlightning.loop.components import SHORTHANDS
 from fedlightning.loop.components.adversary import Adversary
 from fedlightning.loop.config_diff import differences, short
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.round_components import RoundComponent
 from fedlightning.run_config import normalise, plain, public_class_path
 
+#: the built-ins a config lists: the option of theirs a shorthand of the loop sets (here, not in
+#: the package's ``__init__``, which imports the run's path and through it the run's identity)
+SHORTHANDS: dict[type[RoundComponent], tuple[str, str]] = {
+    Adversary: ("attack", "loop.attack"),
+    TargetTracker: ("target", "loop.target_acc"),
+}
 TODO = "resume with the components the checkpoint's run had (docs/algorithms.md section 6.2)"
 
 
