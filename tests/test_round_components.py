@@ -137,6 +137,25 @@ def test_a_checkpoint_with_the_former_meters_key_resumes_their_totals(cli, tmp_p
         assert rows[-1][column] == straight[-1][column], column
 
 
+def test_a_checkpoint_from_before_the_runs_path_was_recorded_resumes(cli, tmp_path):
+    """An always-on built-in cannot be added or dropped by a run, so a checkpoint without its
+    state was written by a library before it existed: the run's path (``RunPath``) then starts
+    afresh (the resumed rounds only), and the model is the straight run's."""
+    straight = tmp_path / "straight"
+    cli(straight, *SHORT, "--loop.rounds", "3")
+    full = torch.load(straight / "last.ckpt", weights_only=True)["components"]["run_path"]
+    assert full == {"segments": [["sequential", 1, 3]]}
+    run = tmp_path / "run"
+    cli(run, *SHORT, "--loop.rounds", "2")
+    checkpoint = torch.load(run / "last.ckpt", weights_only=True)
+    del checkpoint["components"]["run_path"]
+    torch.save(checkpoint, run / "last.ckpt")
+    cli(run, *SHORT, "--loop.rounds", "3", "--ckpt_path", str(run / "last.ckpt"))
+    resumed = torch.load(run / "last.ckpt", weights_only=True)["components"]["run_path"]
+    assert resumed == {"segments": [["sequential", 3, 3]]}
+    assert (run / "global.pt").read_bytes() == (straight / "global.pt").read_bytes()
+
+
 def test_a_checkpoint_from_before_components_were_in_the_identity_resumes(cli, tmp_path, capsys):
     """Checkpoints of the current format whose identity has no ``components`` (and whose config
     has no ``loop.components``) resume: their adversary and target are read from

@@ -272,12 +272,19 @@ def component_states(components: Iterable[RoundComponent]) -> dict[str, dict[str
 
 
 def load_component_states(
-    components: Iterable[RoundComponent], states: Mapping[str, Mapping[str, Any]]
+    components: Iterable[RoundComponent],
+    states: Mapping[str, Mapping[str, Any]],
+    always_on: tuple[type[RoundComponent], ...] = (),
 ) -> None:
     """Restore each component that declares state from ``states`` (refused, naming it, when
-    its entry is missing)."""
+    its entry is missing). A run cannot add or drop an always-on built-in (``always_on``), so
+    one missing from ``states`` means the checkpoint was written by a library before it
+    existed: it keeps its initial state (the run's path: the summary covers the rounds after
+    the resume)."""
     for component in components:
         if not component.declared_states():
+            continue
+        if component.state_key not in states and isinstance(component, always_on):
             continue
         if component.state_key not in states:
             raise ConfigurationError(

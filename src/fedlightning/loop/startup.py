@@ -41,6 +41,7 @@ from fedlightning.fit import trainer_reason
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator
 from fedlightning.loop.components import (
+    ALWAYS_ON,
     RunContext,
     closing_components,
     run_components,
@@ -191,8 +192,9 @@ def restore(parts: RunParts, run: RunState, ckpt_path: str, checkpoint: dict[str
         parts.store.load_state_dict(checkpoint["clients"])
         # "meters": the same states, as checkpoints of format 3 written before round components
         load_component_states(
-            run.components, checkpoint.get("components", checkpoint.get("meters", {}))
-        )
+            run.components, checkpoint.get("components", checkpoint.get("meters", {})),
+            always_on=tuple(ALWAYS_ON),
+        )  # fmt: skip
     except ConfigurationError:
         raise
     except Exception as error:  # noqa: BLE001 (an inconsistent file, not a bug of this run)
