@@ -16,6 +16,7 @@ one.
 
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -56,13 +57,17 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     return {config.stem: root / config.stem / "last.ckpt" for config in CONFIGS}
 
 
+@cache
+def _identity(checkpoint: Path) -> dict:
+    return torch.load(checkpoint, weights_only=True)["identity"]
+
+
 def _predicted(checkpoint: Path, resumer: Path) -> str | None:
     """The line a resume of ``checkpoint`` under ``resumer``'s config prints (``None``: it
     resumes), from the two checkpoints' identities."""
-    stored = torch.load(checkpoint, weights_only=True)["identity"]
-    current = torch.load(checkpoint.parent.parent / resumer.stem / "last.ckpt", weights_only=True)
+    current = _identity(checkpoint.parent.parent / resumer.stem / "last.ckpt")
     try:
-        compare_identity(str(checkpoint), stored, current["identity"])
+        compare_identity(str(checkpoint), _identity(checkpoint), current)
     except ConfigurationError as refusal:
         return str(refusal)
     return None
