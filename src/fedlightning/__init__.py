@@ -12,7 +12,7 @@ layer  packages and top-level modules
 =====  ==========================================================================================
 0      errors seeding gc_tuning lazy protocol placement metrics compute training
        state tracking recorded_args optim_config signals torch_settings fingerprint scoring
-       folder_lock
+       folder_lock folder_owner
        config_checks determinism fit_steps
 1      models data server analysis
 2      clients run_config attacks privacy round_components
