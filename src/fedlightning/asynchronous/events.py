@@ -4,7 +4,8 @@
 A fit runs when it is dispatched (its result depends only on its payload, its state and its
 seed), then waits, in flight, until its arrival in virtual time. An entry is a dict of tensors,
 numbers and strings (``torch.load(weights_only=True)`` reads it back): ``client``, ``dispatch``
-(the index of the dispatch that started it), ``version`` (the server updates before it),
+(the index of the dispatch that started it), ``order`` (its place in that dispatch's draw),
+``version`` (the server updates before it),
 ``finish`` (its arrival time), ``received`` (the weights it was sent), the upload's fields and
 the client's new ``state``.
 """
@@ -22,13 +23,18 @@ __all__ = ["arrival_key", "entry", "fit_result", "job", "next_arrival"]
 
 
 def entry(
-    client: int, dispatch: int, version: int, finish: float, payload: Payload, result: FitResult
+    client: int,
+    dispatch: tuple[int, int],
+    version: int,
+    finish: float,
+    payload: Payload,
+    result: FitResult,
 ) -> dict[str, Any]:
-    """One in-flight fit (copies: a later in-place update of the server's weights or of the
+    """One in-flight fit, ``dispatch`` its (dispatch index, place in the draw) (copies: a later in-place update of the server's weights or of the
     client's state cannot reach it)."""
     upload = result.upload
     return clone_value({
-        "client": client, "dispatch": dispatch, "version": version, "finish": finish,
+        "client": client, "dispatch": dispatch[0], "order": dispatch[1], "version": version, "finish": finish,
         "received": dict(payload.weights), "received_extras": dict(payload.extras),
         "model_index": payload.model_index, "weights": dict(upload.weights),
         "num_samples": upload.num_samples, "num_steps": upload.num_steps,
@@ -37,8 +43,9 @@ def entry(
 
 
 def arrival_key(item: dict[str, Any]) -> tuple[float, int, int]:
-    """The tie rule: arrivals in order of (arrival time, dispatch index, client id)."""
-    return item["finish"], item["dispatch"], item["client"]
+    """The tie rule: arrivals in order of (arrival time, dispatch index, place in the dispatch's
+    draw): of fits arriving together, the one started first, then the one drawn first."""
+    return item["finish"], item["dispatch"], item["order"]
 
 
 def next_arrival(in_flight: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,8 +11,8 @@ server reacts to arrivals in virtual-time order:
    the buffer that the system model lets take part, up to the free slots. The fits dispatched
    together run as one backend call (the cohort batches them); each arrives after its duration
    (:class:`~fedlightning.system.SystemModel`).
-2. Arrival: the in-flight fit first in (arrival time, dispatch index, client id) order (the tie
-   rule) joins the buffer; the clock moves to its arrival. Arrivals at the same time are all
+2. Arrival: the in-flight fit first in (arrival time, dispatch index, place in the dispatch's
+   draw) order (the tie rule) joins the buffer; the clock moves to its arrival. Arrivals at the same time are all
    handled before the next dispatch.
 3. Update: when the buffer holds ``buffer_size`` arrivals, the server turns each into the upload
    its aggregator receives (:meth:`AsyncServer.server_weights`, with its staleness: the server
@@ -156,7 +156,8 @@ class AsyncServer(RoundComponent):
         chosen = self.system.taking_part(index, order, self.virtual_time)[:free]
         for cid, payload, result in fits.fit(index, version, chosen) if chosen else []:
             finish = self.virtual_time + self.system.fit_duration(cid, result.upload)
-            self.in_flight.append(entry(cid, index, version, finish, payload, result))
+            place = (index, chosen.index(cid))
+            self.in_flight.append(entry(cid, place, version, finish, payload, result))
         return bool(chosen)
 
     def on_evaluated(self, round: Round, row: Row) -> Row | None:
