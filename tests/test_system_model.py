@@ -14,7 +14,7 @@ import torch
 
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.sampling import sample_clients
-from fedlightning.round_components import Round
+from fedlightning.round_components import Round, RoundComponent
 from fedlightning.system import (
     ClientProfiles,
     Constant,
@@ -186,3 +186,40 @@ def test_time_to_target_in_virtual_time_and_a_bit_for_bit_resume(cli, tmp_path):
         int(r["clients_unavailable"]) + int(r["clients_dropped_out"]) for r in straight
     )
     assert unavailable > 0
+
+
+#: the steps each upload of a round took, as StepsProbe saw them: {round: {client: steps}}
+STEPS: dict[int, dict[int, int]] = {}
+
+
+class StepsProbe(RoundComponent):
+    """Records the optimizer steps of each upload (a test's record, in a module global)."""
+
+    def on_results(self, round):
+        STEPS[round.index] = {u.client_id: u.num_steps for u in round.uploads}
+
+
+@pytest.mark.parametrize("backend", [SEQUENTIAL, COHORT], ids=["sequential", "cohort"])
+def test_partial_work_sends_the_steps_done_by_the_deadline(backend, cli, tmp_path):
+    """Speed 100, a deadline of 2 s (200 samples): with ``partial_work`` every client arrives by
+    it, each doing min(its full 2 epochs, floor(T * 100
+    / 32)) steps (the upload time is negligible here); the stragglers are counted and the round
+    lasts its slowest client's min(2 n_i, 32 steps_i) / 100."""
+    deadline = 2.0  # 200 samples a client: 6 steps of 32
+    budget = math.floor(deadline * 100 / 32)
+    STEPS.clear()
+    rows = cli(tmp_path, *SYSTEM, *_arg("bandwidth", 1e12), *_arg("deadline", deadline),
+               *_arg("partial_work", "true"), "--loop.components+", "test_system_model.StepsProbe",
+               "--loop.backend", backend, "--loop.rounds", "2")  # fmt: skip
+    sizes = _train_sizes(tmp_path)
+    full = {c: 2 * math.ceil(n / 32) for c, n in sizes.items()}
+    for r, row in enumerate(rows):
+        clients = sample_clients(0, r, 8, 4)
+        assert STEPS[r] == {c: min(full[c], budget) for c in clients}
+        assert row["clients_late"] == "0"
+        assert int(row["clients_partial"]) == sum(full[c] > budget for c in clients) > 0
+    upload = _upload_bytes(tmp_path) / 1e12
+    end = sum(
+        max(min(2 * sizes[c], 32 * STEPS[r][c]) for c in STEPS[r]) / 100 + upload for r in range(2)
+    )
+    assert float(rows[-1]["virtual_time"]) == pytest.approx(end, rel=1e-9)

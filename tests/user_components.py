@@ -38,6 +38,10 @@ class Probe(RoundComponent):
         self._saw("select_clients", round)
         return client_ids
 
+    def configure_jobs(self, round, jobs):
+        self._saw("configure_jobs", round)
+        return jobs
+
     def on_results(self, round):
         self._saw("on_results", round)
         UPLOADS["on_results", round.index] = list(round.uploads)

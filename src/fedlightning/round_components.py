@@ -16,7 +16,8 @@ others are still empty there, and ``tests/test_component_contract.py`` checks bo
 
 1. :meth:`~RoundComponent.on_round_start`: before the clients are sampled.
    :meth:`~RoundComponent.select_clients`: which of the sampled clients train (the system
-   model's available ones), each component seeing the previous one's choice.
+   model's available ones), each component seeing the previous one's choice;
+   :meth:`~RoundComponent.configure_jobs`: the fits handed to the backend (a step budget).
 2. :meth:`~RoundComponent.on_results`: after the fits and the failure policy.
 3. :meth:`~RoundComponent.transform_uploads`: may replace uploads (the adversary), each
    component seeing the previous one's output; ``round.uploads`` is then the result.
@@ -138,6 +139,14 @@ class RoundComponent(RecordsInitArgs):
 
         Sees: ``round.index``, ``round.last``, ``round.started``."""
         return client_ids
+
+    def configure_jobs(self, round: Round, jobs: list[ClientJob]) -> list[ClientJob]:
+        """The fits handed to the backend: ``jobs`` (the previous component's) as they are by
+        default; the system model gives a straggler a step budget (``ClientJob.max_steps``).
+
+        Sees: ``round.index``, ``round.last``, ``round.started``, ``round.client_ids``,
+        ``round.payloads``."""
+        return jobs
 
     def on_results(self, round: Round) -> None:
         """After the fits and the failure policy (the store kept the successful fits' state).

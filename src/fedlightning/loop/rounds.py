@@ -113,7 +113,10 @@ class Rounds:
             sampled = c.select_clients(rnd, sampled)
         rnd.client_ids = sampled
         rnd.payloads = o.aggregator.configure_round(r, rnd.client_ids)
-        rnd.jobs = [ClientJob(r, i, rnd.payloads[i], o.store.get(i)) for i in rnd.client_ids]
+        jobs = [ClientJob(r, i, rnd.payloads[i], o.store.get(i)) for i in rnd.client_ids]
+        for c in run.components:  # a straggler's step budget
+            jobs = c.configure_jobs(rnd, jobs)
+        rnd.jobs = jobs
         with o.reporter.watch_round(r, len(rnd.jobs)):  # Poisson sampling may draw none
             rnd.results = run.server.arrivals(o.backend.run(r, rnd.jobs)) if rnd.jobs else {}
 

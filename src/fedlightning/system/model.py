@@ -13,7 +13,8 @@ A round, on the clock that starts at 0:
    or ``num_steps * batch_size`` with ``local_steps``.
 3. Arrivals are taken in order of (duration, client id): the tie rule. With a ``deadline``, an
    upload arriving after it is dropped (the client trained: it keeps its new state; the server
-   ignores its upload); with ``keep = K`` (over-selection: sample more than K clients), only the
+   ignores its upload), or, with ``partial_work``, a client that cannot finish by it stops after
+   the steps it can do by then (its fit's step budget) and sends that work; with ``keep = K`` (over-selection: sample more than K clients), only the
    first K arrivals are aggregated.
 4. The clock advances by the round's duration: the latest admitted arrival; the deadline itself
    when an upload missed it; with ``keep``, the K-th arrival.
@@ -28,13 +29,14 @@ profiles are a function of the seed and the options (part of the run's identity)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Literal
 
 import torch
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.loop.communication import message_bytes
-from fedlightning.protocol import FitResult, Upload
+from fedlightning.protocol import ClientJob, FitResult, Upload
 from fedlightning.round_components import Round, RoundComponent, Row
 from fedlightning.seeding import derive_seed
 from fedlightning.system.distributions import Distribution
@@ -58,10 +60,13 @@ class SystemModel(RoundComponent):
         dropout: the probability that an available client drops out during its fit.
         deadline: virtual seconds after which a round's uploads are dropped; null: none.
         keep: aggregate only the first ``keep`` arrivals of a round (over-selection); null: all.
+        partial_work: with a deadline, a client that cannot finish by it sends the work done by
+            then: its fit stops after ``floor((deadline - latency - payload bytes / bandwidth)
+            * speed / batch_size)`` steps (at least one; FedProx's and FedNova's stragglers).
     """
 
     name = "system"
-    transient_attributes = frozenset({"profiles", "samples_per_fit", "last"})
+    transient_attributes = frozenset({"profiles", "samples_per_fit", "_full_steps", "last"})
 
     def __init__(
         self,
@@ -73,6 +78,7 @@ class SystemModel(RoundComponent):
         dropout: float = 0.0,
         deadline: float | None = None,
         keep: int | None = None,
+        partial_work: bool = False,
     ) -> None:
         require(
             availability in ("always", "trace") or (
@@ -84,10 +90,12 @@ class SystemModel(RoundComponent):
         require(0 <= dropout < 1, "SystemModel.dropout", dropout, "a probability in [0, 1)")
         require(deadline is None or deadline > 0, "SystemModel.deadline", deadline, "null or > 0")
         require(keep is None or keep >= 1, "SystemModel.keep", keep, "null or an int >= 1")
+        require(not partial_work or deadline is not None, "SystemModel.partial_work",
+                partial_work, "false without a deadline (the work done by the deadline)")  # fmt: skip
         self.speed, self.bandwidth = as_distribution(speed), as_distribution(bandwidth)
         self.latency, self.trace = as_distribution(latency), trace
         self.availability, self.dropout = availability, float(dropout)
-        self.deadline, self.keep = deadline, keep
+        self.deadline, self.keep, self.partial_work = deadline, keep, partial_work
         self.add_state("virtual_time", 0.0)
         self.add_state("virtual_time_to_target", None)
         self.profiles: ClientProfiles | None = None
@@ -109,9 +117,20 @@ class SystemModel(RoundComponent):
             run.fit_config.local_epochs,
             run.batch_size,
         )
-        self.samples_per_fit = (
-            (lambda u: u.num_samples * epochs) if steps is None else (lambda u: u.num_steps * batch)
+        self.batch_size = batch
+        self._full_steps = (  # the steps of a whole fit: every batch of every epoch
+            (lambda u: math.ceil(u.num_samples / batch) * epochs)
+            if steps is None
+            else (lambda u: steps)
         )
+        self.samples_per_fit = (  # a fit stopped by its budget processed num_steps batches
+            (lambda u: min(u.num_samples * epochs, u.num_steps * batch))
+            if steps is None
+            else (lambda u: u.num_steps * batch)
+        )
+        require(not (self.partial_work and run.fit_config.dp_sgd is not None),
+                "SystemModel.partial_work", True, "false with loop.dp_sgd (a DP-SGD fit has no "
+                "step budget)")  # fmt: skip
         if self.deadline is not None and self.deadline <= min(self.profiles.latency):
             raise ConfigurationError(
                 f"SystemModel.deadline={self.deadline} is not allowed: no client can meet it (the "
@@ -135,6 +154,20 @@ class SystemModel(RoundComponent):
         self.last = {"clients_unavailable": len(unavailable), "clients_dropped_out": len(dropped)}
         return [i for i in client_ids if i not in unavailable and i not in dropped]
 
+    def configure_jobs(self, round: Round, jobs: list[ClientJob]) -> list[ClientJob]:
+        if not self.partial_work:
+            return jobs
+        return [replace(job, max_steps=self._budget(job)) for job in jobs]
+
+    def _budget(self, job: ClientJob) -> int | None:
+        """The steps ``job``'s client can do by the deadline, its upload estimated as large as
+        its payload (None: not one, so it trains in full and misses the deadline)."""
+        assert self.profiles is not None and self.deadline is not None
+        c, p = job.client_id, self.profiles
+        seconds = self.deadline - p.latency[c] - message_bytes(job.payload) / p.bandwidth[c]
+        steps = math.floor(seconds * p.speed[c] / self.batch_size)
+        return steps if steps >= 1 else None
+
     def fit_duration(self, client: int, upload: Upload) -> float:
         """Virtual seconds from dispatch to arrival of ``client``'s fit that sent ``upload``."""
         assert self.profiles is not None
@@ -157,9 +190,15 @@ class SystemModel(RoundComponent):
         else:
             duration = admitted[-1][0] if admitted else 0.0
         self.virtual_time += duration
+        budgets = {job.client_id: job.max_steps for job in round.jobs}
+        partial = [
+            cid for _, cid in admitted
+            if (budget := budgets.get(cid)) is not None and budget < self._full_steps(
+                round.results[cid].upload)  # type: ignore[union-attr]
+        ]  # fmt: skip
         self.last = {
             **self.last, "admitted": {cid for _, cid in admitted}, "clients_late": late,
-            "round_virtual_s": duration,
+            "clients_partial": len(partial),
         }  # fmt: skip
 
     def transform_uploads(self, round: Round, uploads: list[Upload]) -> list[Upload]:
@@ -170,7 +209,7 @@ class SystemModel(RoundComponent):
         self.virtual_time_to_target, target = time_to_target_columns(
             round, row, self.virtual_time, self.virtual_time_to_target
         )
-        counts = ("clients_late", "clients_unavailable", "clients_dropped_out")
+        counts = ("clients_late", "clients_unavailable", "clients_dropped_out", "clients_partial")
         return {
             **row, "virtual_time": self.virtual_time, **{k: self.last.get(k, 0) for k in counts},
             **target,
