@@ -198,3 +198,17 @@ def test_a_run_resumed_with_fits_in_flight_repeats_bit_for_bit_on_either_backend
         assert float(x["test_loss"]) == pytest.approx(float(y["test_loss"]), rel=1e-4)
     reached = [r for r in straight if r.get("virtual_time_to_target")]
     assert reached and not math.isnan(float(reached[-1]["virtual_time_to_target"]))
+
+
+def test_a_client_that_fails_frees_its_slot_and_the_run_goes_on(cli, tmp_path, capsys):
+    """Client 1's fit always raises: it is counted in the summary at every dispatch that drew
+    it, never in flight, and the updates go on with the other clients."""
+    rows = cli(tmp_path, "--model", "user_clients.FailsClientOne",
+               *_server("FedBuff", buffer_size=2, concurrency=4), "--loop.rounds", "5")  # fmt: skip
+    assert [r["round"] for r in rows] == ["1", "2", "3", "4", "5"]
+    assert all(float(r["buffer_fill"]) == 2 for r in rows)
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["components"]["asynchronous"]
+    assert 1 not in [item["client"] for item in state["in_flight"]]
+    summary = [line for line in capsys.readouterr().err.splitlines() if "summary:" in line]
+    failed = int(summary[-1].split("; ")[1].split(" client fit")[0])
+    assert failed >= 1

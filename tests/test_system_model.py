@@ -199,7 +199,11 @@ class StepsProbe(RoundComponent):
         STEPS[round.index] = {u.client_id: u.num_steps for u in round.uploads}
 
 
-@pytest.mark.parametrize("backend", [SEQUENTIAL, COHORT], ids=["sequential", "cohort"])
+@pytest.mark.parametrize(
+    "backend",
+    [[SEQUENTIAL], [COHORT], [SEQUENTIAL, "--loop.fit_with", "trainer"]],
+    ids=["sequential", "cohort", "trainer"],
+)
 def test_partial_work_sends_the_steps_done_by_the_deadline(backend, cli, tmp_path):
     """Speed 100, a deadline of 2 s (200 samples): with ``partial_work`` every client arrives by
     it, each doing min(its full 2 epochs, floor(T * 100
@@ -210,7 +214,7 @@ def test_partial_work_sends_the_steps_done_by_the_deadline(backend, cli, tmp_pat
     STEPS.clear()
     rows = cli(tmp_path, *SYSTEM, *_arg("bandwidth", 1e12), *_arg("deadline", deadline),
                *_arg("partial_work", "true"), "--loop.components+", "test_system_model.StepsProbe",
-               "--loop.backend", backend, "--loop.rounds", "2")  # fmt: skip
+               "--loop.backend", *backend, "--loop.rounds", "2")  # fmt: skip
     sizes = _train_sizes(tmp_path)
     full = {c: 2 * math.ceil(n / 32) for c, n in sizes.items()}
     for r, row in enumerate(rows):
@@ -223,3 +227,17 @@ def test_partial_work_sends_the_steps_done_by_the_deadline(backend, cli, tmp_pat
         max(min(2 * sizes[c], 32 * STEPS[r][c]) for c in STEPS[r]) / 100 + upload for r in range(2)
     )
     assert float(rows[-1]["virtual_time"]) == pytest.approx(end, rel=1e-9)
+
+
+def test_a_resume_with_another_system_model_is_refused(cli, tmp_path, capsys):
+    """The system model's options are part of the run's identity: other speeds on resume are
+    refused in one line, leaving the run's files as they were."""
+    cli(tmp_path, *SYSTEM, *_arg("speed", 50), "--loop.rounds", "1")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(SystemExit) as exit_info:
+        cli(tmp_path, *SYSTEM, *_arg("speed", 60), "--loop.rounds", "2",
+            "--ckpt_path", str(tmp_path / "last.ckpt"))  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "was written by another run" in err and "speed" in err, err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before

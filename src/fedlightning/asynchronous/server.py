@@ -37,8 +37,8 @@ from fedlightning.system.model import SystemModel, time_to_target_columns
 
 __all__ = ["AsyncServer", "Fits"]
 
-#: dispatches in a row that may start no fit (every client unavailable or dropping out) before
-#: the run stops: a system model under which nothing can train
+#: dispatches in a row, with no fit in flight, that may put none in flight (every client
+#: unavailable, dropping out or failing) before the run stops: nothing can train
 MAX_EMPTY_DISPATCHES = 100
 
 
@@ -116,14 +116,15 @@ class AsyncServer(RoundComponent):
         empty = 0
         while len(self.buffer) < self.buffer_size:
             if not any(item["finish"] == self.virtual_time for item in self.in_flight):
-                started = self._dispatch(rnd.index, fits)
-                empty = 0 if started else empty + 1
+                self._dispatch(rnd.index, fits)
             if not self.in_flight:
+                empty += 1
                 if empty < MAX_EMPTY_DISPATCHES:
                     continue
                 raise RunStopped(
-                    f"update {rnd.index + 1}: {MAX_EMPTY_DISPATCHES} dispatches in a row started "
-                    "no fit (every client unavailable or dropping out): check the system model"
+                    f"update {rnd.index + 1}: {MAX_EMPTY_DISPATCHES} dispatches in a row put no "
+                    "fit in flight (every client unavailable, dropping out or failing): check "
+                    "the system model and the clients"
                 )
             item = next_arrival(self.in_flight)
             self.virtual_time = item["finish"]
@@ -143,11 +144,11 @@ class AsyncServer(RoundComponent):
             "buffer_fill": len(arrived), "in_flight": len(self.in_flight),
         }  # fmt: skip
 
-    def _dispatch(self, version: int, fits: Fits) -> bool:
-        """Start fits in the free slots (module docstring); whether any started."""
+    def _dispatch(self, version: int, fits: Fits) -> None:
+        """Start fits in the free slots (module docstring)."""
         free = self.concurrency - len(self.in_flight)
         if free <= 0:
-            return True
+            return
         index = self.dispatches
         self.dispatches += 1
         busy = {item["client"] for item in [*self.in_flight, *self.buffer]}
@@ -158,7 +159,6 @@ class AsyncServer(RoundComponent):
             finish = self.virtual_time + self.system.fit_duration(cid, result.upload)
             place = (index, chosen.index(cid))
             self.in_flight.append(entry(cid, place, version, finish, payload, result))
-        return bool(chosen)
 
     def on_evaluated(self, round: Round, row: Row) -> Row | None:
         self.virtual_time_to_target, columns = time_to_target_columns(

@@ -2,7 +2,7 @@
 6.4): the aggregator's payloads, one backend call for the fits that start together, and the
 failure policy applied when they come back (a fit that raised or sent a bad upload frees its
 slot at once and is counted; when no fit of the run's first dispatch succeeds, the objective
-or data is broken and the run stops, as after a synchronous round)."""
+or data is broken and the run stops, as after a synchronous first round)."""
 
 from __future__ import annotations
 
@@ -38,5 +38,6 @@ class Dispatcher:
             dispatch, clients, results, payloads, o.summary,
             frozenset(o.aggregator.required_upload_extras), o.fit_config.precision,
         )  # fmt: skip
-        check_for_bug(dispatch, dispatch == 0, outcome)
+        if dispatch == 0:  # a later dispatch may start one fit: its failure is no verdict
+            check_for_bug(dispatch, True, outcome)
         return [(cid, payloads[cid], result) for cid, result in outcome.results]
