@@ -212,3 +212,17 @@ def test_a_client_that_fails_frees_its_slot_and_the_run_goes_on(cli, tmp_path, c
     summary = [line for line in capsys.readouterr().err.splitlines() if "summary:" in line]
     failed = int(summary[-1].split("; ")[1].split(" client fit")[0])
     assert failed >= 1
+
+
+@pytest.mark.slow  # a local Ray instance: about half a minute to start
+def test_ray_runs_the_same_events_and_bits_as_sequential(local_ray, cli, tmp_path):
+    """FedBuff under Pareto speeds on RayBackend (the fits of a dispatch in parallel actors):
+    the rows (virtual time, staleness included) and global.pt of the sequential backend."""
+    args = [*_server("FedBuff", buffer_size=2, concurrency=4), *SKEWED, "--loop.rounds", "4"]
+    sequential = cli(tmp_path / "sequential", *args, "--loop.backend", SEQUENTIAL)
+    remote = cli(tmp_path / "ray", *args, "--loop.backend", "RayBackend",
+                 "--loop.backend.num_workers", "2")  # fmt: skip
+    assert _rows(remote) == _rows(sequential)
+    assert (tmp_path / "ray" / "global.pt").read_bytes() == (
+        tmp_path / "sequential" / "global.pt"
+    ).read_bytes()

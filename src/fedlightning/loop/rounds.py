@@ -6,7 +6,10 @@ dispatch the aggregator's payloads, train on the backend, screen the results (th
 communication meter, the targets, the privacy report, the adversary, the server guard, the
 checkpoint writer) is a round component that start-up built (:mod:`fedlightning.loop.components`)
 and the round calls at the protocol's named points (:mod:`fedlightning.round_components`,
-docs/algorithms.md section 6.2); this module knows the protocol, not the components.
+docs/algorithms.md section 6.2); this module knows the protocol, not the components. With an
+asynchronous server among them (:mod:`fedlightning.asynchronous`, section 6.4) a round is one
+server update: the server's event loop gives the round its arrived fits instead of sampling and
+training, and the rest of the round is the same.
 """
 
 from __future__ import annotations
