@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from fedlightning.analysis.plots import runs_figure
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.sampling import sample_clients
 from fedlightning.round_components import Round, RoundComponent
@@ -137,6 +138,10 @@ def test_each_round_lasts_as_its_slowest_client(backend, cli, tmp_path):
         clock += max(2 * sizes[c] / 50 + upload / 20000 + 0.25 for c in clients)
         assert float(row["virtual_time"]) == pytest.approx(clock, rel=1e-12)
         assert row["clients_late"] == row["clients_unavailable"] == "0"
+    figure = runs_figure([tmp_path], x="virtual_time")  # accuracy against the virtual clock
+    (line,) = figure.axes[0].lines
+    assert list(line.get_xdata()) == [float(r["virtual_time"]) for r in rows]
+    assert figure.axes[0].get_xlabel() == "Virtual time (s)"
 
 
 def test_a_deadline_drops_late_uploads_and_over_selection_keeps_the_first(cli, tmp_path):
