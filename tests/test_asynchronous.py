@@ -226,3 +226,26 @@ def test_ray_runs_the_same_events_and_bits_as_sequential(local_ray, cli, tmp_pat
     assert (tmp_path / "ray" / "global.pt").read_bytes() == (
         tmp_path / "sequential" / "global.pt"
     ).read_bytes()
+
+
+def test_a_server_optimizer_takes_fedbuffs_pseudo_gradient(cli, tmp_path):
+    """FedBuff's server step is linear: scaling the buffered deltas by eta (FedBuff's
+    ``server_lr``) under FedAvg, or the aggregate's pseudo-gradient by eta (FedAvgM's
+    ``server_lr``, no momentum), gives the same models to float rounding; with momentum the
+    server optimizer's state carries across updates and the model moves elsewhere."""
+    skewed = [*SKEWED, "--loop.rounds", "4", "--loop.local_steps", "3"]
+    buffered = [*_server("FedBuff", buffer_size=2, concurrency=4), *skewed]
+    eta = ["--loop.components.init_args.server_lr", "0.5"]
+    fedavg = ["--loop.aggregator", "fedlightning.server.FedAvg",
+              "--loop.aggregator.init_args.weighting", "uniform"]  # fmt: skip
+    momentum = ["--loop.aggregator", "fedlightning.server.FedAvgM",
+                "--loop.aggregator.init_args.weighting", "uniform",
+                "--loop.aggregator.init_args.server_lr", "0.5"]  # fmt: skip
+    cli(tmp_path / "fedbuff_lr", *fedavg, *buffered, *eta)
+    cli(tmp_path / "fedavgm_lr", *momentum, "--loop.aggregator.init_args.server_momentum", "0",
+        *buffered)  # fmt: skip
+    cli(tmp_path / "momentum", *momentum, "--loop.aggregator.init_args.server_momentum", "0.9",
+        *buffered)  # fmt: skip
+    a, b, m = (_global(tmp_path / d) for d in ("fedbuff_lr", "fedavgm_lr", "momentum"))
+    assert all(torch.allclose(a[k], b[k], rtol=0, atol=1e-6) for k in a)
+    assert any(not torch.allclose(a[k], m[k], atol=1e-3) for k in a)
