@@ -47,7 +47,7 @@ def test_every_hook_that_sees_the_round_says_what_it_sees():
     assert set(Round.__dataclass_fields__) == every  # the probe checks every field
     promised = hooks()
     assert set(promised) == {
-        "on_round_start", "on_results", "transform_uploads", "admits", "on_aggregating",
+        "on_round_start", "select_clients", "configure_jobs", "on_results", "transform_uploads", "admits", "on_aggregating",
         "on_aggregated", "on_evaluated", "on_round_end",
     }  # fmt: skip
     assert all(fields <= every for fields in promised.values())
@@ -65,7 +65,7 @@ def test_every_hook_sees_exactly_what_its_docstring_promises(backend, cli, tmp_p
         assert fields == promised[hook], (hook, index)
     order = [hook for hook, index, _ in seen if index == 0]
     assert order == [
-        "on_round_start", "on_results", "transform_uploads", "admits", "on_aggregating",
+        "on_round_start", "select_clients", "configure_jobs", "on_results", "transform_uploads", "admits", "on_aggregating",
         "on_aggregated", "on_evaluated", "on_round_end",
     ]  # fmt: skip
 

@@ -39,6 +39,14 @@ class Probe(RoundComponent):
     def on_round_start(self, round):
         self._saw("on_round_start", round)
 
+    def select_clients(self, round, client_ids):
+        self._saw("select_clients", round)
+        return client_ids
+
+    def configure_jobs(self, round, jobs):
+        self._saw("configure_jobs", round)
+        return jobs
+
     def on_results(self, round):
         self._saw("on_results", round)
         UPLOADS["on_results", round.index] = list(round.uploads)

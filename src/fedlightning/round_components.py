@@ -15,6 +15,9 @@ Points of a round, in order (each hook's docstring says which fields of the roun
 others are still empty there, and ``tests/test_component_contract.py`` checks both):
 
 1. :meth:`~RoundComponent.on_round_start`: before the clients are sampled.
+   :meth:`~RoundComponent.select_clients`: which of the sampled clients train (the system
+   model's available ones), each component seeing the previous one's choice;
+   :meth:`~RoundComponent.configure_jobs`: the fits handed to the backend (a step budget).
 2. :meth:`~RoundComponent.on_results`: after the fits and the failure policy.
 3. :meth:`~RoundComponent.transform_uploads`: may replace uploads (the adversary), each
    component seeing the previous one's output; ``round.uploads`` is then the result.
@@ -133,6 +136,21 @@ class RoundComponent(RecordsInitArgs):
         """Before the round's clients are sampled.
 
         Sees: ``round.index``, ``round.last``, ``round.started``."""
+
+    def select_clients(self, round: Round, client_ids: list[int]) -> list[int]:
+        """Which of the sampled ``client_ids`` (the previous component's choice) train this
+        round: all by default; the others receive nothing and keep their state.
+
+        Sees: ``round.index``, ``round.last``, ``round.started``."""
+        return client_ids
+
+    def configure_jobs(self, round: Round, jobs: list[ClientJob]) -> list[ClientJob]:
+        """The fits handed to the backend: ``jobs`` (the previous component's) as they are by
+        default; the system model gives a straggler a step budget (``ClientJob.max_steps``).
+
+        Sees: ``round.index``, ``round.last``, ``round.started``, ``round.client_ids``,
+        ``round.payloads``."""
+        return jobs
 
     def on_results(self, round: Round) -> None:
         """After the fits and the failure policy (the store kept the successful fits' state).

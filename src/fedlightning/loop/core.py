@@ -154,7 +154,8 @@ class FederatedLoop(RecordsInitArgs):
             and ``init_args`` (yours, or the built-in ``TargetTracker`` and ``Adversary`` the
             shorthands ``target_acc`` and ``attack`` also configure: one spelling per run); they
             run after the built-ins, in the order listed (:mod:`fedlightning.loop.components`,
-            docs/algorithms.md section 6.2). Part of the run's identity.
+            docs/algorithms.md section 6.2; time: ``SystemModel``, ``FedBuff``, ``FedAsync``,
+            sections 6.3-6.4). Part of the run's identity.
     """
 
     def __init__(

@@ -6,7 +6,10 @@ dispatch the aggregator's payloads, train on the backend, screen the results (th
 communication meter, the targets, the privacy report, the adversary, the server guard, the
 checkpoint writer) is a round component that start-up built (:mod:`fedlightning.loop.components`)
 and the round calls at the protocol's named points (:mod:`fedlightning.round_components`,
-docs/algorithms.md section 6.2); this module knows the protocol, not the components.
+docs/algorithms.md section 6.2); this module knows the protocol, not the components. With an
+asynchronous server among them (:mod:`fedlightning.asynchronous`, section 6.4) a round is one
+server update: the server's event loop gives the round its arrived fits instead of sampling and
+training, and the rest of the round is the same.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import logging
 import math
 import time
 
+from fedlightning.asynchronous.server import AsyncServer
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import RunStopped
 from fedlightning.loop.checkpoint import atomic_save
 from fedlightning.loop.components.watch import ComponentWatch
 from fedlightning.loop.deployables import save_models
+from fedlightning.loop.dispatch import Dispatcher
 from fedlightning.loop.evaluation import Evaluator
 from fedlightning.loop.failures import RoundOutcome, check_for_bug, sort_results
 from fedlightning.loop.options import RunParts
@@ -45,6 +50,9 @@ class Rounds:
         self.o, self.options, self.run_state, self.dm = parts, parts.options, run, dm
         self.evaluator = Evaluator(run.scoring, parts.options.seed, parts.options.val_clients)
         self.watch: ComponentWatch | None = None  # from the first round on
+        servers = [c for c in run.components if isinstance(c, AsyncServer)]
+        self.asynchronous = servers[0] if servers else None
+        self.dispatcher = Dispatcher(parts, run)
 
     def run(self) -> dict[str, float]:
         """The rounds, then the run's end: each component's ``on_run_end`` (the checkpoint in
@@ -69,17 +77,13 @@ class Rounds:
     def _round(self, rnd: Round) -> None:
         """One round: sample, dispatch, train, screen, aggregate, evaluate, record; the run's
         round components see it at their points (docs/algorithms.md section 6.2)."""
-        o, run, r, components = self.o, self.run_state, rnd.index, self.run_state.components
+        o, r, components = self.o, rnd.index, self.run_state.components
         for c in components:
             c.on_round_start(rnd)
-        rnd.client_ids = round_clients(
-            self.options.client_sampling, self.options.seed, r, self.dm.num_clients,
-            run.clients_per_round, run.sampling_rate,
-        )  # fmt: skip
-        rnd.payloads = o.aggregator.configure_round(r, rnd.client_ids)
-        rnd.jobs = [ClientJob(r, i, rnd.payloads[i], o.store.get(i)) for i in rnd.client_ids]
-        with o.reporter.watch_round(r, len(rnd.jobs)):  # Poisson sampling may draw none
-            rnd.results = run.server.arrivals(o.backend.run(r, rnd.jobs)) if rnd.jobs else {}
+        if self.asynchronous is not None:  # the arrivals of one server update (section 6.4)
+            self.asynchronous.gather(rnd, self.dispatcher)
+        else:
+            self._train(rnd)
         outcome = self._screen(rnd)
         rnd.uploads = outcome.uploads
         for c in components:
@@ -101,6 +105,24 @@ class Rounds:
             c.on_round_end(rnd)
         assert self.watch is not None
         self.watch.check(r)  # a component's undeclared state changed: refused, naming it
+
+    def _train(self, rnd: Round) -> None:
+        """A synchronous round's fits: sample, let the components select, dispatch, train."""
+        o, run, r = self.o, self.run_state, rnd.index
+        sampled = round_clients(
+            self.options.client_sampling, self.options.seed, r, self.dm.num_clients,
+            run.clients_per_round, run.sampling_rate,
+        )  # fmt: skip
+        for c in run.components:  # the system model's available clients
+            sampled = c.select_clients(rnd, sampled)
+        rnd.client_ids = sampled
+        rnd.payloads = o.aggregator.configure_round(r, rnd.client_ids)
+        jobs = [ClientJob(r, i, rnd.payloads[i], o.store.get(i)) for i in rnd.client_ids]
+        for c in run.components:  # a straggler's step budget
+            jobs = c.configure_jobs(rnd, jobs)
+        rnd.jobs = jobs
+        with o.reporter.watch_round(r, len(rnd.jobs)):  # Poisson sampling may draw none
+            rnd.results = run.server.arrivals(o.backend.run(r, rnd.jobs)) if rnd.jobs else {}
 
     def _screen(self, rnd: Round) -> RoundOutcome:
         """The failure policy (:mod:`fedlightning.loop.failures`): the round's successful,

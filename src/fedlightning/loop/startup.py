@@ -139,6 +139,7 @@ def check_run(
         store=parts.store, summary=parts.summary, num_clients=datamodule.num_clients,
         clients_per_round=per_round,
         sampling_rate=sampling_rate(o.clients_per_round, datamodule.num_clients),
+        batch_size=datamodule.batch_size,
     )  # fmt: skip
     fit_config = setup_components(components, context)
     classes = getattr(model, "num_classes", None)

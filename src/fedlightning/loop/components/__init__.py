@@ -11,9 +11,13 @@ A run's components, in the order each point of a round calls them:
 4. :class:`ServerGuard`: always on (``loop.on_round_failure``).
 5. :class:`TargetTracker`: always on (``loop.target_acc: a`` or ``{class_path:
    ...TargetTracker, init_args: {target: a}}``; without a target it only keeps the run's time).
-6. the user's components, in the order ``loop.components`` lists them.
-7. :class:`RunPath`: always on (records the path each round took in the run's identity).
-8. :class:`CheckpointSaver`: always on, last (``loop.checkpoint_every``).
+6. :class:`~fedlightning.system.SystemModel`: the virtual clock, when ``loop.components`` lists
+   one (after the tracker: it adds the virtual time at which the target was reached); a run
+   has one clock: this or an asynchronous server (:mod:`fedlightning.asynchronous`), which
+   runs among the user's components.
+7. the user's components, in the order ``loop.components`` lists them.
+8. :class:`RunPath`: always on (records the path each round took in the run's identity).
+9. :class:`CheckpointSaver`: always on, last (``loop.checkpoint_every``).
 
 The order is the order of effects: the adversary transforms the uploads before anything else
 sees them; the server guard discards a failed round's row before the targets and the user's
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fedlightning.asynchronous.server import AsyncServer
 from fedlightning.attacks.base import Attack
 from fedlightning.errors import ConfigurationError, require, what_it_is
 from fedlightning.loop.communication import CommunicationMeter
@@ -50,6 +55,7 @@ from fedlightning.loop.server_guard import ServerGuard
 from fedlightning.loop.targets import TargetTracker
 from fedlightning.protocol import FitConfig
 from fedlightning.round_components import RoundComponent
+from fedlightning.system.model import SystemModel
 
 __all__ = [
     "Adversary", "CheckpointSaver", "CommunicationMeter", "PrivacyReport", "RunContext",
@@ -103,10 +109,26 @@ def configured_components(
         built_in[kind] = [listed[i] for i in found]
     adversary = built_in[Adversary] or ([Adversary(attack)] if attack is not None else [])
     tracker = built_in[TargetTracker] or [TargetTracker(target_acc)]
-    yours = [c for c in listed if not isinstance(c, tuple(SHORTHANDS))]
-    configured = (*adversary, *tracker, *yours)
+    clocks = _one_clock(listed)
+    system = [c for c in clocks if isinstance(c, SystemModel)]
+    yours = [c for c in listed if not isinstance(c, (*SHORTHANDS, SystemModel))]
+    configured = (*adversary, *tracker, *system, *yours)
     _check_keys(configured)
     return configured
+
+
+def _one_clock(listed: Sequence[RoundComponent]) -> list[RoundComponent]:
+    """The listed SystemModel or asynchronous server (which has its own system model): one at
+    most, the other refused naming both entries."""
+    clocks = [i for i, c in enumerate(listed) if isinstance(c, SystemModel | AsyncServer)]
+    if len(clocks) > 1:
+        first, second = (type(listed[i]).__name__ for i in clocks[:2])
+        raise ConfigurationError(
+            f"loop.components[{clocks[1]}] ({second}) and loop.components[{clocks[0]}] ({first}) "
+            "both keep the run's clock: a run has one (an asynchronous server's system model "
+            "is its option `system`)"
+        )
+    return [listed[i] for i in clocks]
 
 
 def _check_listed(index: int, component: object) -> None:

@@ -31,6 +31,7 @@ class RunContext:
         clients_per_round: K, the clients sampled per round (``loop.clients_per_round``
             resolved).
         sampling_rate: q, the probability that a client takes part in a round.
+        batch_size: B, the local training batch size of every client.
     """
 
     options: RunOptions
@@ -42,6 +43,7 @@ class RunContext:
     num_clients: int
     clients_per_round: int
     sampling_rate: float
+    batch_size: int = 0
 
     def parts(self) -> list[object]:
         """This context and everything in it: what a component may hold that is not its state
