@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedlightning.errors import ConfigurationError, require
 from fedlightning.recorded_args import RecordsInitArgs
@@ -118,4 +118,13 @@ def resolve_personal(
             "validation split, and the data has none (data.val_fraction=0): set "
             "data.client_test_fraction > 0 (its own test split) or data.val_fraction > 0"
         )
+    return personal
+
+
+def check_personal(personal: Any) -> PersonalEvaluation | None:
+    """``loop.personal`` after checking it is a PersonalEvaluation (or null)."""
+    require(
+        personal is None or isinstance(personal, PersonalEvaluation),
+        "loop.personal", personal, "null or a fedlightning.PersonalEvaluation",
+    )  # fmt: skip
     return personal
