@@ -46,11 +46,44 @@ def test_alie_honest_variant_takes_z_and_statistics_over_the_honest_uploads():
     assert round(alie_z(20, 4, "honest"), 3) == 0.157 and round(alie_z(20, 4), 3) == 0.385
     out = corrupt(ALIE(z=1.0, variant="honest"), (False, False, False, True))
     honest = torch.tensor([[1.0, 0.0], [2.0, -1.0], [0.0, 3.0]])
-    expected = REFERENCE["w"] + honest.mean(dim=0) - honest.std(dim=0)
+    expected = REFERENCE["w"] + honest.mean(dim=0) + honest.std(dim=0)
     torch.testing.assert_close(out[3]["w"], expected)
     everyone = corrupt(ALIE(z=1.0), (False, False, False, True))  # the default: all four updates
     updates = torch.tensor([[1.0, 0.0], [2.0, -1.0], [0.0, 3.0], [8.0, 8.0]])
     torch.testing.assert_close(everyone[3]["w"],
-                               REFERENCE["w"] + updates.mean(dim=0) - updates.std(dim=0))  # fmt: skip
+                               REFERENCE["w"] + updates.mean(dim=0) + updates.std(dim=0))  # fmt: skip
     with pytest.raises(ConfigurationError, match="loop.attack.init_args.variant"):
         ALIE(variant="reference")  # type: ignore[arg-type]
+
+
+def _sample_std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+def test_alie_in_both_directions_against_the_reference_codes_gradient_formula():
+    """The reference code (``codes/attacks/alittle.py``) sends ``mu_g - z sigma_g`` of the honest
+    gradients, and its server steps ``x - lr * aggregate``; here a client's update is ``-lr``
+    times its gradient, so the reference direction is ``w + mu_u + z sigma_u`` and the other
+    (``space: update``) ``w + mu_u - z sigma_u``. Recomputed from the trained models in plain
+    Python (no library helper), coordinate by coordinate, at the reference code's own z."""
+    lr = 0.5
+    w = REFERENCE["w"].tolist()
+    honest_rows = TRAINED[:3]
+    n, m = 4, 1
+    s = int(n / 2 + 1) - m  # supporters: floor(n/2 + 1) - m
+    z = NormalDist().inv_cdf((n - m - s) / (n - m))  # the reference code's z_max
+    assert z == pytest.approx(alie_z(n, m, "honest"))
+    stepped, other = [], []
+    for j, w_j in enumerate(w):  # coordinate by coordinate
+        gradients = [(w_j - row[j]) / lr for row in honest_rows]
+        sent = sum(gradients) / 3 - z * _sample_std(gradients)  # the attacker's mu_g - z sigma_g
+        stepped.append(w_j - lr * sent)  # the server's x - lr * gradient
+        updates = [row[j] - w_j for row in honest_rows]
+        other.append(w_j + sum(updates) / 3 - z * _sample_std(updates))
+    out = corrupt(ALIE(variant="honest"), (False, False, False, True))
+    torch.testing.assert_close(out[3]["w"], torch.tensor(stepped))
+    flipped = corrupt(ALIE(variant="honest", space="update"), (False, False, False, True))
+    torch.testing.assert_close(flipped[3]["w"], torch.tensor(other))
+    with pytest.raises(ConfigurationError, match="loop.attack.init_args.space='gradients'"):
+        ALIE(space="gradients")  # type: ignore[arg-type]
