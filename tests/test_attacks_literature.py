@@ -1,6 +1,6 @@
 """The robustness literature's attacks (docs/algorithms.md section 8.1): inner-product
-manipulation (Xie et al., UAI 2020) and ALIE's reference-code variant (Karimireddy et al.), by
-hand on tiny uploads."""
+manipulation (Xie et al., UAI 2020), ALIE's reference-code variant and direction, bit flipping
+and the mimic attack (Karimireddy et al.), by hand on tiny uploads."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from fedlightning.attacks import ALIE, InnerProductManipulation
+from fedlightning.attacks import ALIE, BitFlip, InnerProductManipulation, Mimic
 from fedlightning.attacks.base import AttackRound
 from fedlightning.attacks.maths import alie_z
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import Upload
+from fedlightning.seeding import derive_seed
 
 REFERENCE = {"w": torch.tensor([1.0, 1.0]), "n": torch.tensor(7)}
 TRAINED = [[2.0, 1.0], [3.0, 0.0], [1.0, 4.0], [9.0, 9.0]]  # updates (1,0) (2,-1) (0,3) (8,8)
@@ -87,3 +88,61 @@ def test_alie_in_both_directions_against_the_reference_codes_gradient_formula():
     torch.testing.assert_close(flipped[3]["w"], torch.tensor(other))
     with pytest.raises(ConfigurationError, match="loop.attack.init_args.space='gradients'"):
         ALIE(space="gradients")  # type: ignore[arg-type]
+
+
+def test_bit_flip_negates_the_update():
+    out = corrupt(BitFlip(), (False, True, False, False))
+    # w - (w_1 - w) = (1, 1) - (2, -1) = (-1, 2)
+    assert out[1]["w"].tolist() == [-1.0, 2.0] and int(out[1]["n"]) == 1
+    assert out[0]["w"].tolist() == TRAINED[0]
+
+
+def _mimic_reference(rounds, seed, warmup):
+    """The reference code's MimicVariantAttacker on the honest pseudo-gradients ``w - w_j``,
+    in plain torch: which honest worker (position) each round copies."""
+    t, mu, z, target, targets = 0, None, None, None, []
+    for gradients in rounds:
+        average = sum(gradients) / len(gradients)
+        if t == 0:
+            generator = torch.Generator().manual_seed(derive_seed(seed, "attack", "mimic"))
+            z = torch.randn(len(average), generator=generator, dtype=torch.float64)
+            mu = average
+            cumulated = sum(((g - mu) @ z) * (g - mu) for g in gradients)
+            z = cumulated / cumulated.norm()
+        elif t < warmup:
+            mu = t / (1 + t) * mu + average / (1 + t)
+            cumulated = sum(((g - mu) @ z) * (g - mu) for g in gradients)
+            z = t / (1 + t) * z + cumulated / cumulated.norm() / (1 + t)
+            z = z / z.norm()
+        if t < warmup:
+            products = [float(g @ z) for g in gradients]
+            target = products.index(max(products))
+        targets.append(target)
+        t += 1
+    return targets
+
+
+def test_mimic_copies_the_reference_codes_choice_and_keeps_it_after_the_warmup():
+    g = torch.Generator().manual_seed(3)
+    reference = {"w": torch.zeros(4, dtype=torch.float64), "n": torch.tensor(0)}
+    attack = Mimic(clients=[4], warmup=2)
+    rounds, copied = [], []
+    for index in range(4):
+        trained = [torch.randn(4, generator=g, dtype=torch.float64) * (1 + j) for j in range(5)]
+        uploads = tuple(Upload(j, {"w": w, "n": torch.tensor(j)}, 1, 1)
+                        for j, w in enumerate(trained))  # fmt: skip
+        out = attack.corrupt(
+            AttackRound(index, 9, uploads, (reference,) * 5, (False,) * 4 + (True,))
+        )
+        assert int(out[4]["n"]) == 4  # integers as uploaded
+        copied.append(next(j for j in range(4) if torch.equal(out[4]["w"], trained[j])))
+        rounds.append([reference["w"] - w for w in trained[:4]])  # pseudo-gradients
+    assert copied == _mimic_reference(rounds, seed=9, warmup=2)
+    assert copied[3] == copied[2] == copied[1]  # fixed after the warmup of two rounds
+    state = attack.state_dict()
+    assert state["rounds_seen"] == 2 and state["target"] == copied[1]
+    fresh = Mimic(clients=[4], warmup=2)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict()["target"] == copied[1] and fresh.rounds_seen == 2
+    with pytest.raises(ConfigurationError, match="loop.attack.init_args.warmup=0"):
+        Mimic(warmup=0)

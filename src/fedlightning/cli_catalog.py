@@ -65,6 +65,7 @@ _AGGREGATORS = _classes("fedlightning.server", {
     "InCo": "cross-layer updates of heterogeneous clients' layers around an inner aggregator",
     "Krum": "the upload with the lowest Krum score (byzantine: the tolerated attackers)",
     "MultiKrum": "the mean of the selected uploads with the lowest Krum scores",
+    "Bulyan": "Krum chooses n - 2f uploads, then the n - 4f nearest the median per coordinate",
     "GeometricMedian": "RFA: the weighted geometric median of the uploads (smoothed Weiszfeld)",
     "CenteredClipping": "client updates clipped around the last aggregate update (radius)",
     "NormBound": "FedAvg of the client updates clipped to an L2 norm bound (max_norm)",
@@ -77,6 +78,8 @@ _ATTACKS = _classes("fedlightning.attacks", {
     "GaussianNoise": "a malicious upload is the received model plus N(0, sigma^2) noise",
     "ALIE": "'a little is enough': uploads z standard deviations off the round's mean update",
     "InnerProductManipulation": "malicious uploads w - epsilon * the honest mean update (Xie et al.)",
+    "BitFlip": "a malicious update u is replaced by -u (Karimireddy et al. 2022)",
+    "Mimic": "malicious uploads copy one honest client's, chosen by the spread (Karimireddy et al. 2022)",
 })  # fmt: skip
 _BACKENDS = _classes("fedlightning.backends", {
     "AutoBackend": "the default: CohortBackend or SequentialBackend, chosen per run (it says why)",

@@ -1,6 +1,7 @@
 """Server aggregators: pure torch on state_dicts, owner-aware (see :mod:`fedlightning.server.base`)."""
 
 from fedlightning.server.base import Aggregator
+from fedlightning.server.bulyan import Bulyan
 from fedlightning.server.centered_clip import CenteredClipping
 from fedlightning.server.fedadam import FedAdam
 from fedlightning.server.fedavg import FedAvg
@@ -14,6 +15,6 @@ from fedlightning.server.norm_bound import NormBound
 from fedlightning.server.scaffold import Scaffold
 
 __all__ = [
-    "Aggregator", "CenteredClipping", "FedAdam", "FedAvg", "FedAvgM", "FedCross", "FedNova",
+    "Aggregator", "Bulyan", "CenteredClipping", "FedAdam", "FedAvg", "FedAvgM", "FedCross", "FedNova",
     "GeometricMedian", "InCo", "Krum", "MultiKrum", "NormBound", "Scaffold",
 ]  # fmt: skip

@@ -5,6 +5,9 @@ backend), refuses a round beyond the aggregator's breakdown point, and counts
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from fedlightning.loop.byzantine import Adversary
 from fedlightning.loop.summary import RunSummary
 from fedlightning.protocol import Upload
@@ -13,7 +16,9 @@ from fedlightning.server.base import Aggregator
 
 
 class AdversaryComponent(RoundComponent):
-    """``adversary`` at the points of a round.
+    """``adversary`` at the points of a round; the attack's state (what the mimic attack has
+    learnt, :attr:`~fedlightning.attacks.base.Attack.state_attributes`) is this component's, in
+    every checkpoint under ``attack``.
 
     Args:
         adversary: the attack with its malicious clients, resolved at start-up.
@@ -21,6 +26,8 @@ class AdversaryComponent(RoundComponent):
         summary: the run summary, where a refused round is counted.
         on_round_failure: ``skip`` or ``stop`` (``loop.on_round_failure``).
     """
+
+    name = "attack"
 
     def __init__(
         self, adversary: Adversary, aggregator: Aggregator, summary: RunSummary,
@@ -41,3 +48,9 @@ class AdversaryComponent(RoundComponent):
 
     def on_evaluated(self, round: Round, row: Row) -> Row | None:
         return {**row, **self.adversary.round_metrics(round.uploads)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.adversary.attack.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.adversary.attack.load_state_dict(state)
