@@ -146,3 +146,39 @@ def test_mimic_copies_the_reference_codes_choice_and_keeps_it_after_the_warmup()
     assert fresh.state_dict()["target"] == copied[1] and fresh.rounds_seen == 2
     with pytest.raises(ConfigurationError, match="loop.attack.init_args.warmup=0"):
         Mimic(warmup=0)
+
+
+def _mimic_run(run_dir, rounds, ckpt_path=None):
+    from fedlightning import ClientModule, FederatedDataModule, FederatedLoop
+    from fedlightning.backends import SequentialBackend
+    from fedlightning.server import FedAvg
+
+    torch.manual_seed(0)
+    data = FederatedDataModule(
+        dataset="synthetic", num_samples=240, num_test=40, num_classes=3, sample_shape=(1, 4, 4),
+        num_clients=6, partition="shards", shards_per_client=1, batch_size=8, seed=0,
+    )  # fmt: skip
+    attack = Mimic(clients=[5], warmup=3)
+    loop = FederatedLoop(
+        rounds=rounds, clients_per_round=6, local_steps=1, seed=0, run_dir=str(run_dir),
+        aggregator=FedAvg(aggregation="median"), attack=attack, backend=SequentialBackend(),
+        progress_bar=False, plots=False,
+    )  # fmt: skip
+    objective = ClientModule(network="mlp", network_kwargs={"hidden": [8]}, num_classes=3,
+                             in_channels=1, image_size=4, lr=0.5)  # fmt: skip
+    loop.fit(objective, datamodule=data, ckpt_path=ckpt_path)
+    return attack, loop
+
+
+def test_mimics_state_is_checkpointed_and_a_resumed_run_continues_it(tmp_path):
+    """Within a warmup of 3 rounds, a run stopped after 2 and resumed continues the running mean
+    and direction (restored from the checkpoint's ``attack`` entry), bit for bit."""
+    straight, loop = _mimic_run(tmp_path / "straight", 3)
+    _mimic_run(tmp_path / "resumed", 2)
+    resumed, again = _mimic_run(tmp_path / "resumed", 3, str(tmp_path / "resumed" / "last.ckpt"))
+    assert straight.rounds_seen == resumed.rounds_seen == 3
+    for name in ("mean", "direction"):
+        assert torch.equal(getattr(straight, name), getattr(resumed, name))
+    assert straight.target == resumed.target
+    a, b = loop.aggregator.global_state(), again.aggregator.global_state()
+    assert all(torch.equal(a[k], b[k]) for k in a)
