@@ -104,6 +104,7 @@ _MODELS = {
     "fml_cnn2": "FML's CNN2 as the paper describes it",
     "fml_cnn2_code": "FML's CNN2 as the authors' code builds it",
     "cofed_cnn": "CoFED's random CNN family (widths drawn per participant)",
+    "karimireddy_cnn": "the MNIST CNN of Karimireddy et al.'s Byzantine experiments (conv 32, conv 64, fc 128)",
     **_RESNETS,
     **_VITS,
 }
