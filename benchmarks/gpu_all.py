@@ -15,10 +15,13 @@ In order, each part in fresh processes (``benchmarks/gpu_fit.py``, ``benchmarks/
    paths also without deterministic algorithms: determinism's cost) and bf16-mixed, each path's
    round time over the compute floor (docs/algorithms.md section 9.2);
 4. the scaling table: 10, 100 and 1,000 clients a round, sequential and cohort where they fit;
-5. ``loop.backend: auto`` on configs/inco_vit.yaml (timm ViTs): its choice and measured times,
+5. ``loop.backend: auto`` on configs/inco_vit.yaml (timm ViTs): its choice (the rule) and reason,
    and the round time of the path it chose against the other;
 6. benchmarks/gpu_check.py (FedAvg/FedCross in three precisions, SCAFFOLD refusing 16-mixed);
-7. the issue's targets against what was measured.
+7. pfl-research's CIFAR-10 benchmark (``benchmarks/yardstick.py``: 1,000 clients of 50 images,
+   50 a round, batch 10, its 1.63M-parameter CNN): sequential, cohort and a vmapped round by hand,
+   the floor, and the 1,500 rounds projected (against ``--published-minutes`` when given);
+8. the issues' targets against what was measured.
 
 On a lent device machine (docs: the ``run`` tool), from the repository root, first here
 ``make gpu-wheels`` (jsonargparse and its two signature helpers as wheels in ``.whl``, which the
@@ -47,9 +50,9 @@ from gpu_checks import auto_part, determinism_part, environment, targets_part
 ROOT = Path(__file__).resolve().parent.parent
 #: each part's weight: it gets its weight over the weights of the parts still to run, of the
 #: budget left when it starts (a part that finishes early leaves its time to the later ones);
-#: about 100, 90, 60, 100, 60 and 40 s of the default 450
-WEIGHTS = {"determinism": 100, "fedcross 32-true": 90, "fedcross bf16": 60, "scaling": 100,
-           "auto": 60, "gpu_check": 40}  # fmt: skip
+#: about 90, 80, 50, 80, 50, 30 and 70 s of the default 450
+WEIGHTS = {"determinism": 90, "fedcross 32-true": 80, "fedcross bf16": 50, "scaling": 80,
+           "auto": 50, "gpu_check": 30, "yardstick": 70}  # fmt: skip
 #: seconds a benchmark process takes to import torch, Lightning and fedlightning and start CUDA
 STARTUP_S = 20.0
 
@@ -127,6 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"),
                         default="cuda" if torch.cuda.is_available() else "cpu")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=450.0)
+    parser.add_argument(
+        "--published-minutes", type=float, default=None,
+        help="pfl-research's published minutes for its CIFAR-10 benchmark (benchmarks/yardstick.py)",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(ROOT / "runs" / "gpu_all.txt"))
     parser.add_argument(
         "--tiny", action="store_true", help="tiny sizes (a CPU check of the script)"
@@ -158,6 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     check = ["--rounds", "1"] if args.tiny else []
     report.add("gpu_check", script("gpu_check.py", "--accelerator", args.device, *check,
                                    budget=share(budget, "gpu_check")))  # fmt: skip
+    yard = ["--tiny", "--threads", "1", "--repeats", "0"] if args.tiny else []
+    if args.published_minutes:
+        yard += ["--published-minutes", str(args.published_minutes)]
+    text = script("yardstick.py", "--accelerator", args.device, *yard,
+                  budget=share(budget, "yardstick"))  # fmt: skip
+    found += summaries(text)
+    report.add("pfl-research's CIFAR-10 benchmark", text)
     report.add("targets", targets_part(found, auto, determinism, args.device))
     report.add("done", f"{time.perf_counter() - started:.0f} s of a {args.budget_s:.0f} s budget")
 

@@ -143,7 +143,10 @@ def _fmt(value: float | None, unit: str = "") -> str:
 
 def targets_part(found: list[dict], auto: dict, determinism: dict, device: str) -> str:
     """Issue 31's targets against the measurements (judged only on a GPU)."""
-    paths = {s["precision"]: s for s in found if "s_per_round" in s}
+    paths = {s["precision"]: s for s in found if "precision" in s and "s_per_round" in s}
+    yard = next((s for s in found if s.get("workload") == "pfl_cifar10"), None)
+    yard_cohort = yard["s_per_round"].get("cohort") if yard else None
+    published = yard.get("published_s_per_round") if yard else None
     fp32, bf16 = paths.get("32-true"), paths.get("bf16-mixed")
     cohort = fp32["s_per_round"].get("cohort") if fp32 else None
     speed = fp32["s_per_round"]["sequential"] / cohort if cohort else None
@@ -167,6 +170,9 @@ def targets_part(found: list[dict], auto: dict, determinism: dict, device: str) 
         ("bf16-mixed cohort >= 1.3x faster than 32-true", _fmt(faster, "x"), faster is not None and faster >= 1.3),
         ("cohort >= 20x sequential at 100 clients/round", _fmt(scaled, "x"), scaled is not None and scaled >= 20),
         ("auto's path not slower on inco_vit (5%)", str(auto.get("chosen", "-")), slower is False),
+        ("pfl-research CIFAR-10 cohort s/round < its published time",
+         f"{_fmt(yard_cohort, ' s')} vs {_fmt(published, ' s')}",
+         yard_cohort is not None and published is not None and yard_cohort < published),
         ("two runs byte-identical, resume == straight", str(determinism),
          all(v == ("identical", "identical") for v in determinism.values()) and bool(determinism)),
     ]  # fmt: skip

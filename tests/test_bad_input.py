@@ -143,6 +143,13 @@ CASES = [
     (["--config", "{made}/twice.yaml"], r"--config '.*twice.yaml' gives loop.rounds twice \(line 2 and line 4\) in one mapping, and YAML would silently keep the last: keep one of them$"),
     (["--config", "{made}/dp_twice.yaml"], r"gives loop.aggregator.init_args.noise_multiplier twice \(line 5 and line 6\)"),
     (["--loop.rounds", "2", "--loop.rounds=3"], r"--loop.rounds is given twice on the command line, as '2' and as '3': give it once"),
+    # ... in every spelling (issue 43 item 2): init_args or not, abbreviated, in a group's file, inline
+    (["--model.lr", "0.1", "--model.init_args.lr", "0.05"], r"--model.lr '0.1' and --model.init_args.lr '0.05' set the same option \(model.lr\) on the command line: give it once, in one spelling"),
+    (["--loop.rounds", "2", "--loop.round", "3"], r"error: unrecognized arguments: --loop.round 3; the closest: --loop.rounds"),
+    (["--loop", "{made}/loop_twice.yaml"], r"--loop '.*loop_twice.yaml' gives rounds twice \(line 1 and line 3\) in one mapping"),
+    ([AGG, "{made}/momentum_twice.yaml"], r"--loop.aggregator '.*momentum_twice.yaml' gives init_args.server_momentum twice \(line 3 and line 4\)"),
+    ([AGG, '{"class_path": "FedAvgM", "init_args": {"server_momentum": 0.9, "server_momentum": 0.5}}'], r"the value of --loop.aggregator gives init_args.server_momentum twice \(column 41 and column 65\) in one mapping"),
+    ([AGG, "{class_path: FedAvgM, init_args: {server_momentum: 0.9}}", f"{AGG}.server_momentum", "0.5"], r"--loop.aggregator's init_args.server_momentum '0.9' and --loop.aggregator.server_momentum '0.5' set the same option \(loop.aggregator.server_momentum\)"),
     (["--loop.run_dir", "{made}/" + "r" * 300], r"loop.run_dir='.*'... is not allowed: its name 'r{30}'... is 300 bytes long, more than the 255 bytes a file name may have"),
     (["--ckpt_path", "{made}/" + "c" * 300 + ".ckpt"], r"the name 'c{40}'... is 305 bytes long, more than the 255 bytes"),
     (["--data.dataset", "femnist", "--data.root", "{made}/" + "d" * 256], r"the name 'd{40}'... is 256 bytes long"),
@@ -223,6 +230,11 @@ def made(tmp_path_factory):
     _hugging_face(root)
     (root / "latin1.yaml").write_bytes(b"loop:\n  rounds: 2  # caf\xe9\n")
     (root / "twice.yaml").write_text("loop:\n  rounds: 2\n  clients_per_round: 4\n  rounds: 3\n")
+    (root / "loop_twice.yaml").write_text("rounds: 2\nclients_per_round: 4\nrounds: 3\n")
+    (root / "momentum_twice.yaml").write_text(
+        "class_path: fedlightning.server.FedAvgM\ninit_args:\n  server_momentum: 0.9\n"
+        "  server_momentum: 0.5\n"
+    )
     (root / "dp_twice.yaml").write_text(
         "loop:\n  aggregator:\n    class_path: fedlightning.privacy.ClientLevelDP\n"
         "    init_args:\n      noise_multiplier: 1.0\n      noise_multiplier: 0.01\n"

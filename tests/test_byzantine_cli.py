@@ -184,3 +184,42 @@ def test_start_up_does_not_walk_the_planned_rounds(tmp_path):
         signal.signal(signal.SIGALRM, previous)
     assert aggregator.statistic.attack_byzantine == 2  # min(m = 2, K = 10), adopted by Krum's rule
     assert not (tmp_path / "run").exists()
+
+
+# -- messages that name the real cause (issue 43 item 8) -------------------------------------------
+def test_krum_assuming_more_attackers_than_it_tolerates_names_its_own_option(tmp_path, capsys):
+    """No attack: f is Krum's own byzantine=5, which 4 clients a round cannot serve. Before, the
+    message blamed "the attack of loop.attack", which the run does not have."""
+    sys.argv = ["fedlightning"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "-c", str(ROOT / "tests/conf/tiny.yaml"), "--loop.aggregator", "Krum",
+              "--loop.aggregator.byzantine", "5", "--loop.run_dir", str(tmp_path / "run")])  # fmt: skip
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "fedlightning: error: loop.aggregator=Krum cannot assume loop.aggregator.init_args."
+        "byzantine=5 malicious uploads: a round of this run holds n=4 clients, and "
+        "loop.aggregator=Krum needs n > 2f + 2; lower loop.aggregator.init_args.byzantine (null "
+        "adopts loop.attack's, 0 without one) or raise loop.clients_per_round to at least 13\n"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_round_refused_by_the_breakdown_check_logs_no_malicious_upload(tmp_path, caplog):
+    """The Poisson rounds of _poisson_median through the CLI: round 2 (2 of its 4 uploads
+    malicious, beyond the median's breakdown point) aggregates nothing, so its row says 0
+    malicious uploads (before: 2.0), and its model is round 1's; rounds 1 and 3 count theirs."""
+    caplog.set_level(logging.ERROR, logger="fedlightning")
+    sys.argv = ["fedlightning"]
+    run_dir = tmp_path / "run"
+    main(["fit", "-c", str(ROOT / "tests/conf/tiny.yaml"), "--loop.rounds", "3",
+          "--loop.clients_per_round", "5", "--loop.client_sampling", "poisson", "--loop.seed",
+          "12", "--loop.aggregator", "FedAvg", "--loop.aggregator.aggregation", "median",
+          "--loop.attack", "SignFlip", "--loop.attack.clients", "[0, 1]", "--loop.plots", "false",
+          "--loop.run_dir", str(run_dir)])  # fmt: skip
+    assert [r.getMessage()[:60] for r in caplog.records if r.levelname == "ERROR"] == [
+        "round 2: 2 of the 4 uploads it would aggregate are malicious"
+    ]
+    with open(run_dir / "metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [float(r["malicious_uploads"]) for r in rows] == [1.0, 0.0, 2.0]
+    assert rows[1]["test_acc"] == rows[0]["test_acc"]  # nothing aggregated: round 1's model

@@ -19,7 +19,8 @@ from gpu_checks import targets_part  # noqa: E402
 
 PARTS = (
     "device", "determinism", "FedCross CNN paths, 32-true", "FedCross CNN paths, bf16", "scaling",
-    "auto on configs/inco_vit.yaml", "gpu_check", "targets", "done",
+    "auto on configs/inco_vit.yaml", "gpu_check", "pfl-research's CIFAR-10 benchmark", "targets",
+    "done",
 )  # fmt: skip
 
 
@@ -80,6 +81,8 @@ def test_the_targets_are_judged_from_the_benchmarks_summaries():
         {"precision": "bf16-mixed", "floor_s": 0.01, "s_per_round": {"sequential": 1.0, "cohort": 0.05}},
         {"scaling": [{"clients": 10, "width": 32, "floor_s": 0.05, "cohort": 0.1},
                      {"clients": 100, "width": 32, "floor_s": 0.5, "sequential": 9.0, "cohort": 0.4}]},
+        {"workload": "pfl_cifar10", "floor_s": 0.005, "published_s_per_round": 0.2,
+         "s_per_round": {"sequential": 1.5, "cohort": 0.03, "vmap by hand": 0.02}},
     ]  # fmt: skip
     auto = {
         "chosen": "CohortBackend",
@@ -95,16 +98,19 @@ def test_the_targets_are_judged_from_the_benchmarks_summaries():
         "bf16-mixed cohort >= 1.3x faster than 32-true": "PASS",  # 1.6x
         "cohort >= 20x sequential at 100 clients/round": "PASS",  # 22.5x
         "auto's path not slower on inco_vit (5%)": "PASS",
+        "pfl-research CIFAR-10 cohort s/round < its published time": "PASS",  # 0.03 s
         "two runs byte-identical, resume == straight": "PASS",
     }
     auto["times"]["SequentialBackend"] = "0.4"  # the path auto did not choose was faster
     determinism["CohortBackend"] = ("identical", "DIFFER (max |a - b| 1.2e-07)")
     found[0]["s_per_round"]["cohort"] = 0.2
+    found[-1]["published_s_per_round"] = None  # no published time given: not judged a pass
     lines = targets_part(found, auto, determinism, "cuda").splitlines()
     misses = {line[6:].split(":")[0] for line in lines if line.startswith("MISS")}
     assert misses == {
         "fedcross cohort s/round (32-true) <= 0.1", "cohort vs sequential >= 9x",
         "cohort round / floor <= 2", "auto's path not slower on inco_vit (5%)",
+        "pfl-research CIFAR-10 cohort s/round < its published time",
         "two runs byte-identical, resume == straight",
     }  # fmt: skip
     assert "shown, not judged" in targets_part(found, auto, determinism, "cpu")

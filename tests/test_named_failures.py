@@ -130,3 +130,39 @@ def test_a_wandb_write_that_fails_later_names_wandbs_folders_not_the_run_directo
         f"W&B could not write its files: {staging}; W&B's folders move with WANDB_DIR (its run "
         "files), WANDB_DATA_DIR (staging), WANDB_CACHE_DIR (cache), WANDB_CONFIG_DIR (settings)"
     )
+
+
+def test_a_wandb_staging_write_failing_mid_run_names_wandbs_folder_not_the_run_directory(
+    cli, tmp_path, capsys, monkeypatch
+):
+    """W&B offline with its folders under a HOME it cannot write (the start-up check passes,
+    as it does for root): a W&B write in its staging folder that fails outside fedlightning's
+    own W&B calls (here the logged metrics of round 2) names that folder and WANDB_DATA_DIR
+    (issue 43 item 8). Before: "could not write the run's files in '<run_dir>'"."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # W&B's folders default under it
+    for variable in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "XDG_DATA_HOME"):
+        monkeypatch.delenv(variable, raising=False)
+    data = tmp_path / "home" / ".local" / "share" / "wandb"
+    real = WandbLogger.log_metrics
+
+    def log_metrics(self, metrics, step=None):
+        if step == 2:
+            staged = data / "artifacts" / "staging" / "tmp3k2x"
+            raise PermissionError(errno.EACCES, "Permission denied", str(staged))
+        return real(self, metrics, step)
+
+    monkeypatch.setattr(WandbLogger, "log_metrics", log_metrics)
+    line = _fails(cli, capsys, tmp_path / "run", "--loop.wandb", "true", "--loop.rounds", "2")
+    assert line == (
+        f"fedlightning: storage error: W&B could not write {str(data)!r}, its folder outside "
+        "the run directory: Permission denied; set WANDB_DATA_DIR to a writable directory"
+    )
+    import wandb
+
+    # The failed run's W&B run is finished, not left open: its transaction log is on disk and the
+    # process's next W&B run starts clean (before, the next run in the process wrote no log).
+    assert wandb.run is None
+    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1

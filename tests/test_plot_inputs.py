@@ -77,6 +77,8 @@ def test_the_group_by_forms_the_help_shows(runs, capsys):
          ["{d}/mu0.1", "-c", "{d}/opts.yaml"], r"-c '.*opts.yaml' gives metric twice \(line 1 and line 3\) in one mapping"),
         (lambda d: None, ["{d}/mu0.1", "--metric", "test_acc", "--metric", "test_loss"],
          r"--metric is given twice on the command line, as 'test_acc' and as 'test_loss'"),
+        (lambda d: None, ["{d}/mu0.1", "--metric", "test_acc", "--metr", "test_loss"],
+         r"unrecognized arguments: --metr test_loss"),  # no abbreviations (issue 43 item 2)
         (lambda d: None, ["{d}/mu0.01", "{d}/later", "--group-by", "mu"],
          r"μ = 0.01: no round at which .*mu0.01, .*later all have a test_acc value, so there is nothing to draw"),
         (lambda d: (d / "mu0.1" / "metrics.csv").write_text("round,test_acc\n1,\n"),
@@ -84,7 +86,7 @@ def test_the_group_by_forms_the_help_shows(runs, capsys):
     ],
     ids=["not-a-number", "binary", "not-utf8", "ragged", "txt", "no-suffix", "no-folder",
          "yaml-list", "yaml-nested", "yaml-syntax", "yaml-latin1", "no-options-file",
-         "yaml-key-twice", "option-twice",
+         "yaml-key-twice", "option-twice", "abbreviated",
          "no-common-round", "no-evaluated-round"],
 )  # fmt: skip
 def test_bad_plot_input_is_one_line_and_exit_2(runs, capsys, make, args, message):

@@ -221,3 +221,56 @@ def test_the_test_command_refuses_what_is_not_a_run_in_one_line(capsys, tmp_path
         code, out, err = _test_command(capsys, run_dir)
         assert code == 2 and not out, (out, err)
         assert err.count("\n") == 1 and message in err, err
+
+
+def test_the_test_command_on_another_size_and_after_an_interrupted_resume(
+    cli, capsys, tmp_path, monkeypatch
+):
+    """A models.pt copied from a run with another network size is one line naming the file, the
+    tensor and both shapes (issue 43 item 4; before, load_state_dict's traceback); after a
+    resume stopped by Ctrl-C, the table says it scored models.pt's round and that last.ckpt is
+    newer."""
+    import os
+    import signal
+
+    from fedlightning.backends.sequential import SequentialBackend
+
+    sequential = ("--loop.backend", "SequentialBackend", "--loop.plots", "false")
+    run, other = tmp_path / "run", tmp_path / "other"
+    cli(run, "--loop.rounds", "2", *sequential)
+    cli(other, "--loop.rounds", "1", *sequential, "--model.network_kwargs", "{hidden: [32]}")
+    copied = tmp_path / "copied"
+    shutil.copytree(run, copied)
+    shutil.copy(other / "models.pt", copied / "models.pt")
+    capsys.readouterr()
+    code, out, err = _test_command(capsys, copied)
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert err == (
+        f"fedlightning: error: {copied / 'models.pt'}: its model 'global' does not fit the "
+        f"network {copied / 'config.yaml'} builds: features.1.weight has shape [32, 64] in the "
+        "file but [64, 64] in the network; was the file copied from another run?\n"
+    )
+    real, calls = SequentialBackend.run, []
+
+    def run_then_ctrl_c(self, r, jobs):
+        calls.append(r)
+        if len(calls) == 2:  # the resume's second round (round 4)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, r, jobs)
+
+    monkeypatch.setattr(SequentialBackend, "run", run_then_ctrl_c)
+    with pytest.raises(SystemExit) as stop:
+        cli(run, "--loop.rounds", "6", *sequential, "--ckpt_path", str(run / "last.ckpt"))
+    monkeypatch.undo()
+    assert stop.value.code == 130
+    assert torch.load(run / "last.ckpt", weights_only=True)["round"] == 3
+    capsys.readouterr()
+    code, out, err = _test_command(capsys, run)
+    assert code == 0, err
+    assert out.startswith(f"{run}: models.pt (round 2), scored on the digits test set\n")
+    assert "metrics.csv round 2: the same numbers" in out  # models.pt's round, not the last row
+    assert out.endswith(
+        f"note: {run / 'last.ckpt'} is newer (round 3): a resume that stopped before its end; "
+        "this table scores models.pt, which holds round 2: resume the run to its end "
+        f"(--ckpt_path {run / 'last.ckpt'}) to score its later rounds\n"
+    ), out

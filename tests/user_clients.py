@@ -131,7 +131,7 @@ class FailsEveryOtherRound(ClientModule):
             raise (ValueError if client_id % 2 else KeyError)(f"flaky client {client_id}")
 
 
-class FedDynClient(FedProx):
+class UserFedDynClient(FedProx):
     """FedDyn's client (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR
     2021, arXiv:2111.04263) as a user writes it on FedProx, with no declaration for the cohort
     backend: ``loss = CE - <g_i, w> + (mu / 2) ||w - w_t||^2``, where the per-client ``g_i`` comes
@@ -157,7 +157,7 @@ class FedDynClient(FedProx):
         return weights, extras, {**state, "g": g}
 
 
-class FedDynReadingState(FedDynClient):
+class FedDynReadingState(UserFedDynClient):
     """The same objective reading ``g_i`` from ``self.state`` inside ``local_loss``: trains
     sequentially, refused by the cohort backend naming ``state``."""
 
@@ -426,7 +426,7 @@ class FedDynServer(FedAvg):
         return new
 
 
-class FedDynPaired(FedDynClient):
+class FedDynPaired(UserFedDynClient):
     """FedDyn's client naming the server it needs."""
 
     required_aggregator = frozenset({"FedDynServer"})

@@ -23,7 +23,13 @@ with gc_paused():  # see fedlightning.gc_tuning
         one_line_error,
         stop_report,
     )
-    from fedlightning.cli_help import print_catalog, print_fit_usage, print_overview, version
+    from fedlightning.cli_help import (
+        print_catalog,
+        print_fit_usage,
+        print_overview,
+        readable_output,
+        version,
+    )
     from fedlightning.config_checks import check_repeated_options
     from fedlightning.errors import PluginError, RunStopped, StorageError
     from fedlightning.signals import StopSignal, stop_on_signals
@@ -39,6 +45,7 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
     ``grid``: a Flower ServerApp's Grid for ``fit`` with ``FlowerBackend(address=None)``
     (:mod:`fedlightning.flower_app.server`)."""
     argv = sys.argv[1:] if args is None else list(args)
+    readable_output()  # an ASCII terminal gets "+-" for "±", not a UnicodeEncodeError
     if not argv or argv[0] in ("-h", "--help"):
         print_overview()
         raise SystemExit(0 if argv else 2)
@@ -107,7 +114,6 @@ def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
     options = cli_runs.run_options(argv)  # --seeds, --fast_dev_run
     if "--print_config" in argv:  # with =flags: jsonargparse's
         rest = [a for a in options.args if a != "--print_config"]
-        sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
         cli_fit.fit_command(rest, print_config=True)
     elif options.plain:
         cli_fit.fit_command(args, grid=grid)

@@ -4,7 +4,7 @@
 - :func:`check_config_files`: a ``-c/--config`` file that does not exist names the closest
   config files; one that is not UTF-8 text (or cannot be read) is refused naming the file and
   where the bad byte is, and one that gives a key twice naming the key and both lines, before
-  anything is parsed.
+  anything is parsed; so is a group's file (``--loop FILE``) or a nested option's YAML file.
 - :func:`configuration_error`: the ConfigurationError behind an error (jsonargparse wraps those
   raised while instantiating); a parse error is one already (:mod:`fedlightning.cli_fit`,
   :mod:`fedlightning.cli_names`).
@@ -54,7 +54,7 @@ def check_config_files(argv: Sequence[str]) -> None:
     the YAML files with the closest names in its folder), is not readable UTF-8 text (the
     parsers would fail with a UnicodeDecodeError traceback), or whose YAML gives a key twice in
     one mapping (:func:`fedlightning.config_checks.check_yaml_keys`)."""
-    for flag, path in _config_arguments(argv):
+    for flag, path in config_arguments(argv):
         file = Path(path)
         try:
             if not file.exists():
@@ -86,14 +86,36 @@ def _near_files(file: Path) -> str:
     return f"; the closest: {', '.join(str(folder / name) for name in near)}" if near else ""
 
 
-def _config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
+#: the command's groups, each of which takes a file of its own options (``--loop FILE``)
+GROUPS = ("--loop", "--model", "--data")
+#: the names of the files a nested option reads (``--loop.aggregator agg.yaml``)
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
+    """``(option, path)`` of each ``-c/--config`` file, and of each existing file given as an
+    option's value that the parser reads as options: a group's (``--loop FILE``) or a YAML/JSON
+    file of a nested option (``--loop.aggregator agg.yaml``)."""
     found = []
     for i, word in enumerate(argv):
-        if word in ("-c", "--config") and i + 1 < len(argv):
-            found.append((word, argv[i + 1]))
-        elif word.startswith("--config="):
-            found.append(("--config", word.split("=", 1)[1]))
+        flag, _, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        if not value and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value = argv[i + 1]
+        if flag in ("-c", "--config") and value:
+            found.append((flag, value))
+        elif flag.startswith("--") and value and _is_file(value):
+            if flag in GROUPS or value.lower().endswith(CONFIG_SUFFIXES):
+                found.append((flag, value))
     return found
+
+
+def _is_file(value: str) -> bool:
+    """Whether ``value`` names an existing file (a name too long for one is no file: its
+    option's own check names it)."""
+    try:
+        return Path(value).is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def os_reason(error: OSError, path: str | None = None) -> str:
@@ -187,7 +209,7 @@ def stop_report(stop: BaseException, argv: Sequence[str]) -> tuple[list[str], in
     """The lines to print for a run stopped by a signal, and the exit status (128 + signum)."""
     signum = signal_number(stop)
     if isinstance(stop, RunInterrupted):
-        lines = [str(stop)]
+        lines = str(stop).splitlines()  # a --seeds sweep's: its resume commands
         if stop.checkpoint and argv[:1] == ["fit"]:
             lines.append(f"to resume: {resume_command(argv, stop.checkpoint)}")
     elif argv[:1] in (["fit"], ["cofed"]):  # before the run held its directory
@@ -199,12 +221,18 @@ def stop_report(stop: BaseException, argv: Sequence[str]) -> tuple[list[str], in
 
 def resume_command(argv: Sequence[str], checkpoint: str) -> str:
     """``fedlightning`` with ``argv`` (without a ``--ckpt_path``) and ``--ckpt_path checkpoint``."""
+    kept = without_option(argv, "--ckpt_path")
+    return shlex.join(["fedlightning", *kept, "--ckpt_path", checkpoint])
+
+
+def without_option(argv: Sequence[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` and ``option=VALUE``."""
     kept, skip = [], False
     for word in argv:
         if skip:
             skip = False
-        elif word == "--ckpt_path":
+        elif word == option:
             skip = True
-        elif not word.startswith("--ckpt_path="):
+        elif not word.startswith(f"{option}="):
             kept.append(word)
-    return shlex.join(["fedlightning", *kept, "--ckpt_path", checkpoint])
+    return kept

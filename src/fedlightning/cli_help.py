@@ -9,8 +9,10 @@ help (the docstrings themselves stay as they are, for the API docs).
 
 from __future__ import annotations
 
+import codecs
 import re
 import sys
+import unicodedata
 from collections.abc import Sequence
 
 from jsonargparse import DefaultHelpFormatter
@@ -57,6 +59,45 @@ class PlainHelpFormatter(DefaultHelpFormatter):
 
     def _expand_help(self, action) -> str:
         return plain(super()._expand_help(action))
+
+
+#: how output spells, for a terminal whose encoding lacks them (``PYTHONIOENCODING=ascii``), the
+#: characters fedlightning and its libraries print; others lose their accents, or become "?"
+ASCII_SPELLINGS = {
+    "±": "+-", "×": "x", "≤": "<=", "≥": ">=", "≈": "~", "→": "->", "←": "<-", "—": "--",
+    "–": "-", "…": "...", "μ": "mu", "µ": "mu", "σ": "sigma", "ε": "eps", "δ": "delta",
+    "·": ".", "•": "*", "‖": "||", "√": "sqrt", "∞": "inf", "²": "^2", "‘": "'", "’": "'",
+    "“": '"', "”": '"',
+}  # fmt: skip
+#: the name of the codecs error handler that writes :data:`ASCII_SPELLINGS`
+ASCII_HANDLER = "fedlightning-ascii"
+
+
+def _ascii_spelling(error: UnicodeError) -> tuple[str, int]:
+    """A codecs error handler: the characters ``error`` could not encode, spelled in ASCII."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    spelled = []
+    for char in error.object[error.start : error.end]:
+        plain_char = unicodedata.normalize("NFKD", char).encode("ascii", "ignore").decode()
+        spelled.append(ASCII_SPELLINGS.get(char) or plain_char or "?")
+    return "".join(spelled), error.end
+
+
+def readable_output() -> None:
+    """Make ``sys.stdout`` and ``sys.stderr`` write what their encoding cannot (``±`` on an
+    ASCII terminal) in ASCII spellings instead of raising UnicodeEncodeError, which would crash
+    the command after its work (``--seeds``' summary) or in ``--help``. UTF-8 streams are left
+    as they are."""
+    codecs.register_error(ASCII_HANDLER, _ascii_spelling)
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        try:
+            unicode = codecs.lookup(encoding).name.startswith("utf")
+        except LookupError:
+            unicode = False
+        if hasattr(stream, "reconfigure") and not unicode:
+            stream.reconfigure(errors=ASCII_HANDLER)
 
 
 def version() -> str:

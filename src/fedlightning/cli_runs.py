@@ -12,8 +12,8 @@ It answers "does this config run?" in seconds.
 initialisation and the partition) into ``<run_dir>/seed_<S>``, then prints one line with the
 mean ± sample standard deviation (ddof 1) of the last evaluated ``test_acc`` over the seeds (a
 single seed prints its value alone), and draws ``<run_dir>/seeds.png`` (the mean with a band of
-± one standard deviation per round, :func:`fedlightning.analysis.plots.plot_runs`) unless
-``loop.plots`` is false. The seeds run one after another, each with the config's backend; with
+± one standard deviation per round, :func:`fedlightning.analysis.plots.plot_runs`, titled as
+``fedlightning plot`` titles, over the seeds) unless ``loop.plots`` is false. The seeds run one after another, each with the config's backend; with
 ``RayBackend`` they run in parallel as Ray tasks instead (each holding the backend's
 ``num_cpus_per_client`` and ``num_gpus_per_client``), each seed's clients fitting one after another
 inside its task (``SequentialBackend``, which gives RayBackend's results bit for bit), so a cluster
@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from fedlightning.backends.ray import RayBackend, init_ray
-from fedlightning.cli_fit import FederatedCLI, fit_command
+from fedlightning.cli_fit import fit_command
+from fedlightning.cli_seeds import Sweep, check_sweep
 from fedlightning.errors import ConfigurationError, RunInterrupted
-from fedlightning.signals import stopped_by
+from fedlightning.signals import finished, more_work, stopped_by
 
 #: optimizer steps (batches) per client fit in a fast_dev_run
 FAST_DEV_RUN_STEPS = 2
@@ -135,23 +136,34 @@ def fast_dev_run(args: list[str]) -> None:
 
 
 def run_seeds(args: list[str], seeds: list[int]) -> None:
-    """The seeds of the module docstring; ``args``: ``fit`` and its arguments."""
-    plan = FederatedCLI(args=args[1:], run=False)  # every option checked before any run starts
-    backend = plan.trainer.backend
-    if isinstance(backend, RayBackend):
-        runs = _seeds_on_ray(args, seeds, backend)
-    else:
-        runs = [run_seed(args, seed) for seed in seeds]
+    """The seeds of the module docstring; ``args``: ``fit`` and its arguments. Every seed's
+    options and run directory are checked before the first seed trains, a failing seed is
+    named, and SIGINT/SIGTERM stop the sweep at any seed (:mod:`fedlightning.cli_seeds`)."""
+    sweep = Sweep(args, seeds)
+    with sweep.reporting():
+        plan = check_sweep(args, seeds, sweep)
+        sweep.began = True
+        if plan.ray is not None:
+            runs = _seeds_on_ray(args, seeds, plan.ray, sweep)
+        else:
+            runs = []
+            for seed in seeds:
+                if runs:
+                    more_work()  # the last seed finished: a signal stops the sweep again
+                with sweep.running_seeds(seed):
+                    runs.append(run_seed(args, seed))
+                sweep.finished.append(seed)
+    finished()  # every seed's files are complete: a signal changes nothing from now on
     print(summary_line(runs))
-    if plan.trainer.init_args["plots"]:
-        from fedlightning.analysis.plots import plot_runs
+    if plan.plots:
+        from fedlightning.analysis.plots import default_title, plot_runs
 
-        base = Path(runs[0].run_dir).parent
         listed = ", ".join(str(run.seed) for run in runs)
+        run_dirs = [Path(run.run_dir) for run in runs]  # titled as `fedlightning plot` titles
+        title = default_title(run_dirs, len(runs) > 1, over=f"seeds {listed}")
         out = plot_runs(
-            [run.run_dir for run in runs], SUMMARY_METRIC, base / "seeds.png", "loop.aggregator",
-            title=f"{base.name}: {SUMMARY_METRIC} over seeds {listed} (mean ± std)",
-        )  # fmt: skip
+            run_dirs, SUMMARY_METRIC, plan.base / "seeds.png", "loop.aggregator", title=title
+        )
         print(f"wrote {out}")
 
 
@@ -163,14 +175,17 @@ def run_seed(args: list[str], seed: int) -> SeedRun:
     return SeedRun(seed, str(cli.trainer.run_dir), dict(history[-1]) if history else {})
 
 
-def _seeds_on_ray(args: list[str], seeds: list[int], backend: RayBackend) -> list[SeedRun]:
+def _seeds_on_ray(
+    args: list[str], seeds: list[int], backend: RayBackend, sweep: Sweep
+) -> list[SeedRun]:
     """Each seed a Ray task, its clients fitting sequentially inside it (module docstring)."""
+    owns = init_ray(backend.address)  # without Ray: one line, as a run on RayBackend says
     import ray
 
-    owns = init_ray(backend.address)
     task = ray.remote(num_cpus=backend.num_cpus, num_gpus=backend.num_gpus)(run_seed)
     sequential = [*args, "--loop.backend", "SequentialBackend"]
     pending = {task.remote(sequential, seed): seed for seed in seeds}
+    sweep.running = list(seeds)
     runs: dict[int, SeedRun] = {}
     try:
         while pending:
@@ -179,7 +194,10 @@ def _seeds_on_ray(args: list[str], seeds: list[int], backend: RayBackend) -> lis
             try:
                 runs[seed] = ray.get(ready)
             except ray.exceptions.RayTaskError as error:
+                sweep.running = [seed]  # the failure is this seed's
                 raise error.as_instanceof_cause() from None
+            sweep.running.remove(seed)
+            sweep.finished.append(seed)
             print(f"seed {seed}: {_value(runs[seed])}; run directory {runs[seed].run_dir}")
     finally:
         for ref in pending:  # a failed seed stops the others

@@ -41,6 +41,7 @@ def test_command(argv: list[str]) -> None:
         prog="fedlightning test",
         description="Score a run's saved deployables (models.pt, or last.ckpt) on the test set, "
         "through the scoring path of a run's evaluation.",
+        allow_abbrev=False,  # one spelling per option (fedlightning.config_checks)
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a finished or checkpointed run")
     run_dir = Path(parser.parse_args(argv).run_dir)
@@ -48,12 +49,15 @@ def test_command(argv: list[str]) -> None:
     sys.argv = sys.argv[:1]  # the arguments are the config's (LightningCLI warns about both)
     cli = FederatedCLI(args=_config(run_dir), run=False)
     loop, model, dm = cli.trainer, cli.model, cli.datamodule
+    notes = []
     if saved is not None:
         rounds, models = saved
         dm.setup("fit")
         with quiet_lightning():
             compute = Compute.resolve(loop.fit_config.accelerator, loop.precision)
         scoring = ScoringModel.for_run(model, compute)
+        _check_fits(run_dir, models, scoring)
+        notes = _newer_checkpoint(run_dir, rounds)
         loaders = {name: functools.partial(scoring.load_saved, e) for name, e in models.items()}
         architectures = {name: entry["architecture"] for name, entry in models.items()}
         source = f"{MODELS_FILE} (round {rounds})"
@@ -67,6 +71,39 @@ def test_command(argv: list[str]) -> None:
         source = f"last.ckpt (round {rounds})"
     results = Evaluator(scoring).test_models(loaders, dm.test_dataloader)
     print(_table(run_dir, source, dm, architectures, results, _logged(run_dir, rounds)))
+    print(*notes, sep="\n", end="\n" if notes else "")
+
+
+def _check_fits(run_dir: Path, models: dict[str, SavedModel], scoring: ScoringModel) -> None:
+    """Refuse, in one line, a ``models.pt`` whose models the run's config does not build (a file
+    copied from a run with another network size)."""
+    for name, entry in models.items():
+        reason = scoring.misfit(entry)
+        if reason is not None:
+            raise ConfigurationError(
+                f"{run_dir / MODELS_FILE}: its model {name!r} does not fit the network "
+                f"{run_dir / 'config.yaml'} builds: {reason}; was the file copied from another "
+                "run?"
+            )
+
+
+def _newer_checkpoint(run_dir: Path, rounds: int) -> list[str]:
+    """A note when ``last.ckpt`` holds more rounds than the scored ``models.pt`` (of round
+    ``rounds``): a resume that did not finish, whose rounds this table does not score."""
+    checkpoint = run_dir / "last.ckpt"
+    if not checkpoint.is_file():
+        return []
+    try:
+        newer = read_checkpoint(str(checkpoint))["round"]
+    except ConfigurationError as error:
+        return [f"note: {checkpoint} is there too, but cannot be read: {error}"]
+    if newer <= rounds:
+        return []
+    return [
+        f"note: {checkpoint} is newer (round {newer}): a resume that stopped before its end; "
+        f"this table scores {MODELS_FILE}, which holds round {rounds}: resume the run to its "
+        f"end (--ckpt_path {checkpoint}) to score its later rounds"
+    ]
 
 
 def _saved(run_dir: Path) -> tuple[tuple[int, dict[str, SavedModel]] | None, Path | None]:

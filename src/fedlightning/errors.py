@@ -22,11 +22,12 @@ def require(ok: bool, option: str, value: object, allowed: str) -> None:
 
 
 def closest(name: str, choices: Sequence[str], n: int = 3) -> list[str]:
-    """The ``n`` choices closest to ``name``, case ignored: those it begins, then by difflib's
-    ratio (at least 0.6)."""
+    """The ``n`` choices closest to ``name``, case ignored: the one it spells in other case
+    (``fedavg``: ``FedAvg``), then those it begins, then by difflib's ratio (at least 0.6)."""
     lowered = {choice.lower(): choice for choice in choices}
     key = name.lower()
-    near = [c for c in lowered if c.startswith(key) and c != key]
+    near = [key] if key in lowered else []
+    near += [c for c in lowered if c.startswith(key) and c != key]
     near += difflib.get_close_matches(key, list(lowered), n, 0.6)
     return [lowered[c] for c in dict.fromkeys(near)][:n]
 
@@ -81,14 +82,19 @@ class RunInterrupted(KeyboardInterrupt):
     """SIGINT (Ctrl-C) or SIGTERM during a run (:mod:`fedlightning.signals`). The message says
     after which round it stopped and which checkpoint resumes it; the CLI prints it and exits with
     status ``128 + signum`` (130 for SIGINT, 143 for SIGTERM). ``checkpoint`` is the path that
-    resumes the run, or None."""
+    resumes the run, or None; ``rounds`` the rounds it holds."""
 
     def __init__(
-        self, message: str, signum: int = signal.SIGINT, checkpoint: str | None = None
+        self,
+        message: str,
+        signum: int = signal.SIGINT,
+        checkpoint: str | None = None,
+        rounds: int | None = None,
     ) -> None:
         super().__init__(message)
         self.signum = int(signum)
         self.checkpoint = checkpoint
+        self.rounds = rounds
 
 
 class WorkerLost(RuntimeError):

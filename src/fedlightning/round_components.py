@@ -58,6 +58,8 @@ class Round:
         kept: the successful fits whose new state the ClientStore keeps, ``(client, result)``.
         uploads: the uploads the aggregator receives (after :meth:`RoundComponent.
             transform_uploads`).
+        aggregated: whether the aggregator aggregated them (False: too few uploads, or a
+            component refused the round in :meth:`RoundComponent.admits`).
     """
 
     index: int
@@ -69,6 +71,7 @@ class Round:
     results: Mapping[int, FitResult | BaseException] = field(default_factory=dict)
     kept: Sequence[tuple[int, FitResult]] = ()
     uploads: list[Upload] = field(default_factory=list)
+    aggregated: bool = False
 
     def seconds(self) -> float:
         """Wall time since the round started."""

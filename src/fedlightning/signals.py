@@ -15,7 +15,8 @@ the CLI exits with ``128 + signal number`` (130 for SIGINT, 143 for SIGTERM), th
 convention. A second signal while the first unwinds is ignored, so cleanup (closing loggers,
 stopping Ray) finishes; SIGKILL still ends the process at once, and the checkpoint, written
 atomically, is intact either way. A signal once every file of the run is complete
-(:func:`finished`, just before its closing ``done:`` line) is ignored: the command exits 0.
+(:func:`finished`, just before its closing ``done:`` line) is ignored: the command exits 0;
+unless the command has more runs to do (``fit --seeds``, :func:`more_work`), which it then stops.
 """
 
 from __future__ import annotations
@@ -55,11 +56,14 @@ def exit_status(signum: int) -> int:
     return 128 + int(signum)
 
 
-_stopping = {"active": False, "depth": 0, "finished": False}
+_stopping = {"active": False, "depth": 0, "finished": False, "pending": 0}
 
 
 def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    if _stopping["active"]:  # the first signal is unwinding the run, or the run is complete
+    if _stopping["finished"]:  # the run is complete: kept for more_work, if more comes
+        _stopping["pending"] = int(signum)
+        return
+    if _stopping["active"]:  # the first signal is unwinding the run
         return
     _stopping["active"] = True
     raise StopSignal(signum)
@@ -71,6 +75,17 @@ def finished() -> None:
     teardown, the interpreter's exit) neither turns its exit status 0 into 130/143 nor kills the
     process without a line."""
     _stopping["active"] = _stopping["finished"] = True
+
+
+def more_work() -> None:
+    """A run that was :func:`finished` is one of several in this command (``fit --seeds``): from
+    now on SIGINT and SIGTERM stop the command again, and one that arrived while the run was
+    finishing is raised now (:class:`StopSignal`), so no signal is lost between the runs."""
+    pending = _stopping["pending"]
+    _stopping.update(active=False, finished=False, pending=0)
+    if pending:
+        _stopping["active"] = True
+        raise StopSignal(pending)
 
 
 @contextmanager
@@ -96,7 +111,7 @@ def stop_on_signals(ignore_once_finished: bool = False) -> Iterator[None]:
         done = False
         if _stopping["depth"] == 0:
             done = _stopping["finished"]
-            _stopping["active"] = _stopping["finished"] = False
+            _stopping.update(active=False, finished=False, pending=0)
         for signum, handler in previous.items():
             if done and ignore_once_finished:
                 handler = signal.SIG_IGN

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,29 +50,63 @@ def check_wandb_folders() -> None:
     writable for this user). Writes nothing."""
     for variable, folder in wandb_folders().items():
         existing = folder.expanduser()
-        while not existing.exists() and existing.parent != existing:
-            existing = existing.parent
-        if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
-            continue
-        why = "is not a directory" if not existing.is_dir() else "is not writable for this user"
-        raise ConfigurationError(
-            f"loop.wandb=true, but W&B cannot write {str(folder)!r} ({str(existing)!r} {why}): "
-            f"set {variable} to a writable directory"
-        )
+        try:  # a parent this user cannot enter raises PermissionError: not writable either
+            while not existing.exists() and existing.parent != existing:
+                existing = existing.parent
+            usable = existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+            why = "is not a directory" if not existing.is_dir() else "is not writable for this user"
+        except OSError as error:
+            usable, why = False, f"cannot be reached: {error.strerror or error}"
+        if not usable:
+            raise ConfigurationError(
+                f"loop.wandb=true, but W&B cannot write {str(folder)!r} ({str(existing)!r} "
+                f"{why}): set {variable} to a writable directory"
+            )
 
 
 @contextmanager
 def wandb_writes() -> Iterator[None]:
     """Within the block (W&B's own writes), an OSError is a StorageError naming W&B's folders
-    and the variables that move them."""
+    and the variables that move them (the folder and its variable when the error names one:
+    :func:`wandb_storage_error`)."""
     try:
         yield
     except OSError as error:
         where = f" ({error.filename})" if error.filename else ""
-        raise StorageError(
+        raise wandb_storage_error(error) or StorageError(
             f"W&B could not write its files: {error.strerror or error}{where}; W&B's folders "
             f"move with {WANDB_VARIABLES}"
         ) from None
+
+
+def wandb_storage_error(error: OSError) -> StorageError | None:
+    """A StorageError naming the W&B folder outside the run directory that ``error`` failed to
+    write (its staging, cache or settings folder under HOME) and the variable that moves it, or
+    None when ``error`` names none of them (or W&B was never imported: no run used it). The
+    run's own error handling asks this first, so that a W&B write failing anywhere in a run is
+    not reported as the run directory's."""
+    if "wandb" not in sys.modules:
+        return None
+    text = " ".join(str(part) for part in (error.filename, error.filename2, error) if part)
+    for variable, folder in _wandb_roots().items():
+        if str(folder) in text:
+            return StorageError(
+                f"W&B could not write {str(folder)!r}, its folder outside the run directory: "
+                f"{error.strerror or error}; set {variable} to a writable directory"
+            )
+    return None
+
+
+def _wandb_roots() -> dict[str, Path]:
+    """``{variable: folder}`` of W&B's folders outside the run directory, as W&B resolves them."""
+    from wandb import env
+
+    config = os.environ.get(env.CONFIG_DIR)
+    return {
+        env.DATA_DIR: Path(env.get_data_dir()).expanduser(),
+        env.CACHE_DIR: Path(env.get_cache_dir()).expanduser(),
+        env.CONFIG_DIR: Path(config or "~/.config/wandb").expanduser(),
+    }
 
 
 def wandb_api_key_available() -> bool:

@@ -24,6 +24,7 @@ def parser() -> argparse.ArgumentParser:
         description="Overlay a metric of several runs: one line per run directory, or with "
         "--group-by one mean +- std band per value of a config option (e.g. over seeds). "
         "The file type follows -o's suffix: .png, or .pdf/.svg for vector figures.",
+        allow_abbrev=False,  # one spelling per option (fedlightning.config_checks)
     )
     parser.add_argument("run_dirs", nargs="+", help="run directories (each with a metrics.csv)")
     parser.add_argument(

@@ -10,7 +10,8 @@ depend on which actor runs which client. Each actor computes with the driver's t
 (:class:`~fedlightning.torch_settings.ComputeSettings`: intra-op threads, oneDNN, deterministic
 algorithms, flush-to-zero, matmul precision), so on CPU results are byte-identical to the
 sequential backend's whatever ``OMP_NUM_THREADS`` says; ``loop.num_threads`` sets the threads of
-both (e.g. to ``num_cpus_per_client``, so that actors do not oversubscribe a machine's cores).
+both (default 1: the actors are the parallelism; raise it with ``num_cpus_per_client`` for a
+large model, so that actors do not oversubscribe a machine's cores).
 
 Needs the optional extra: ``pip install 'fedlightning[ray]'``.
 """
@@ -129,7 +130,8 @@ class RayBackend(Backend):
             one per CPU Ray reports divided by ``num_cpus_per_client``).
         num_gpus_per_client: GPUs (or a fraction of one) each actor holds.
         num_cpus_per_client: CPUs each actor holds (Ray's scheduling); its torch threads are the
-            run's (``loop.num_threads``, else the driver's), so results equal sequential fits.
+            run's (``loop.num_threads``, default 1; null: the driver's), so results equal
+            sequential fits.
     """
 
     def __init__(

@@ -38,6 +38,7 @@ def build_parser() -> ArgumentParser:
         prog="fedlightning cofed",
         description="CoFED: one-shot co-training through pseudo labels on a public set (arXiv:2202.08603).",
         formatter_class=PlainHelpFormatter,
+        allow_abbrev=False,  # one spelling per option (fedlightning.config_checks)
     )
     parser.add_argument(
         "-c", "--config", action=ActionConfigFile, help="a YAML config (e.g. configs/cofed.yaml)"

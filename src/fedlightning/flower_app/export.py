@@ -143,7 +143,9 @@ def write_app(
 def main(args: list[str] | None = None) -> None:
     """``fedlightning flower-app --config CONFIG --out DIR [--run-dir DIR]``."""
     parser = argparse.ArgumentParser(
-        prog="fedlightning flower-app", description="Write a Flower App from a fedlightning config"
+        prog="fedlightning flower-app",
+        description="Write a Flower App from a fedlightning config",
+        allow_abbrev=False,  # one spelling per option (fedlightning.config_checks)
     )
     parser.add_argument(
         "-c", "--config", required=True, type=Path, help="a fedlightning config (YAML)"

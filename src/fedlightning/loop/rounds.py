@@ -82,7 +82,8 @@ class Rounds:
         for c in components:  # one place for every backend: after the fits
             uploads = c.transform_uploads(rnd, uploads)
         rnd.uploads = uploads
-        if self._aggregates(rnd):
+        rnd.aggregated = self._aggregates(rnd)
+        if rnd.aggregated:
             for c in components:
                 c.on_aggregating(rnd)
             o.aggregator.aggregate(r, rnd.uploads)

@@ -286,5 +286,5 @@ def interrupted(
         )
     rounds, path = last_checkpoint
     return RunInterrupted(
-        f"{how} after round {rounds}; resume with --ckpt_path {path}", signum, checkpoint=path
+        f"{how} after round {rounds}; resume with --ckpt_path {path}", signum, path, rounds
     )

@@ -117,14 +117,40 @@ class ScoringModel:
 
     def load_saved(self, entry: SavedModel) -> nn.Module:
         """The scoring network of a :meth:`saved` entry, loaded with its state, in eval mode."""
+        reason = self.misfit(entry)
+        if reason is not None:
+            raise ConfigurationError(
+                f"a saved model does not fit this objective's network: {reason}"
+            )
+        index = self.architectures.index(entry["architecture"])  # type: ignore[arg-type]
+        return self.networks.load(_key(index), entry["state_dict"])  # type: ignore[arg-type]
+
+    def misfit(self, entry: SavedModel) -> str | None:
+        """Why a :meth:`saved` entry cannot be loaded into its architecture's scoring network (an
+        architecture this objective does not build, a key missing or extra, a shape that
+        differs: a network of another size), or None."""
         architecture = entry["architecture"]
         if architecture not in self.architectures:
-            raise ConfigurationError(
-                f"a saved model has architecture {architecture!r}, which this objective does not "
-                f"build ({', '.join(map(str, self.architectures))})"
-            )
+            built = ", ".join(map(str, self.architectures))
+            return f"its architecture {architecture!r} is not one this objective builds ({built})"
         index = self.architectures.index(architecture)
-        return self.networks.load(_key(index), entry["state_dict"])  # type: ignore[arg-type]
+        expected = self.networks.networks[_key(index)].state_dict()
+        state: Mapping[str, Tensor] = entry["state_dict"]  # type: ignore[assignment]
+        missing = [key for key in expected if key not in state]
+        extra = [key for key in state if key not in expected]
+        if missing or extra:
+            return (
+                f"its keys differ from the network's (missing: {missing[:3]}, extra: {extra[:3]})"
+            )
+        for key, tensor in expected.items():
+            if not isinstance(state[key], Tensor):
+                return f"{key} is a {type(state[key]).__name__} in the file, not a tensor"
+            if tuple(state[key].shape) != tuple(tensor.shape):
+                return (
+                    f"{key} has shape {list(state[key].shape)} in the file but "
+                    f"{list(tensor.shape)} in the network"
+                )
+        return None
 
     def saved(self, deployables: Mapping[str, StateDict]) -> dict[str, SavedModel]:
         """Every deployable as ``models.pt`` keeps it: its architecture's registered name and the

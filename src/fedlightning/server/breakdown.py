@@ -48,11 +48,25 @@ def require_trimmed(option: str, beta: float, per_round: int, byzantine: int) ->
         )  # fmt: skip
 
 
-def require_krum(rule: str, per_round: int, byzantine: int) -> None:
-    """``n > 2 f + 2`` (Blanchard et al., NeurIPS 2017, arXiv:1703.02757, Proposition 1)."""
-    if per_round <= 2 * byzantine + 2:
+def require_krum(rule: str, per_round: int, byzantine: int, assumed: str | None = None) -> None:
+    """``n > 2 f + 2`` (Blanchard et al., NeurIPS 2017, arXiv:1703.02757, Proposition 1).
+    ``assumed``: the option that set f (Krum's own ``byzantine``), named instead of the attack.
+
+    >>> require_krum("Krum", 4, 5, assumed="loop.aggregator.init_args.byzantine")
+    Traceback (most recent call last):
+    ...
+    fedlightning.errors.ConfigurationError: Krum cannot assume loop.aggregator.init_args.byzantine=5 ...
+    """
+    if per_round > 2 * byzantine + 2:
+        return
+    if assumed is None:
         _refuse(rule, per_round, byzantine, "n > 2f + 2",
                 "lower loop.attack.init_args.fraction or raise loop.clients_per_round")  # fmt: skip
+    raise ConfigurationError(
+        f"{rule} cannot assume {assumed}={byzantine} malicious uploads: a round of this run holds "
+        f"n={per_round} clients, and {rule} needs n > 2f + 2; lower {assumed} (null adopts "
+        f"{ATTACK}'s, 0 without one) or raise loop.clients_per_round to at least {2 * byzantine + 3}"
+    )
 
 
 def require_bulyan(rule: str, per_round: int, byzantine: int) -> None:

@@ -47,7 +47,8 @@ class AdversaryComponent(RoundComponent):
         )
 
     def on_evaluated(self, round: Round, row: Row) -> Row | None:
-        return {**row, **self.adversary.round_metrics(round.uploads)}
+        # a round refused (beyond the breakdown point) or skipped aggregated no upload
+        return {**row, **self.adversary.round_metrics(round.uploads if round.aggregated else [])}
 
     def state_dict(self) -> dict[str, Any]:
         return self.adversary.attack.state_dict()

@@ -89,8 +89,9 @@ class MultiKrum(Statistic):
         :meth:`check_byzantine` adopted, the most a round can hold): Krum scores with that f, so
         it needs ``n > 2f + 2`` and ``selected <= n - f`` for it, whatever this round holds."""
         f = self.assumed_byzantine
-        if f:
-            require_krum(self.option, uploads, f)
+        if f:  # f is Krum's own option when set, else the attack's
+            assumed = f"{self.options_path}.byzantine" if self.byzantine is not None else None
+            require_krum(self.option, uploads, f, assumed)
         if self.selected is not None and self.selected > uploads - f:
             raise ConfigurationError(
                 f"{self.options_path}.selected={self.selected} exceeds n - f = {uploads} - "
