@@ -28,7 +28,9 @@ Models: ``--model mlp`` (the default; one hidden layer of 32 on the images downs
 a variant that runs the whole table at one seed on two CPU cores) or ``--model cnn`` (their
 network, ``karimireddy_cnn``, at 28x28). A baseline row runs the mean without an attack. Each
 cell is appended to ``results.csv`` as it finishes (with its wall and CPU seconds); a restart
-skips the cells already there.
+skips the cells already there. ``--keep-runs`` keeps each cell's run directory under
+``runs/`` of ``--out``: its ``config.yaml`` reruns that cell through the CLI, bit for bit
+(``fedlightning fit --config .../config.yaml --loop.run_dir NEW``).
 
     python experiments/robustness.py --setting karimireddy2022 --seeds 0 --jobs 2
     python experiments/robustness.py --setting karimireddy2022 --model cnn --rules cclip krum \\
@@ -41,9 +43,11 @@ import argparse
 import csv
 import logging
 import multiprocessing
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -132,16 +136,24 @@ def setting(args: argparse.Namespace) -> str:
 _DATA: dict[tuple[str, int], tuple[FederatedDataModule, list[int]]] = {}
 
 
-def run_cell(cell: tuple, args: argparse.Namespace) -> dict[str, object]:
-    model_name, momentum, rule, bucket, attack_name, seed = cell
-    options = MODELS[model_name]
+def data(model_name: str, seed: int) -> tuple[FederatedDataModule, list[int]]:
+    """The federation of ``seed`` at the model's image size and its malicious clients."""
     if (model_name, seed) not in _DATA:
         dm = FederatedDataModule(
             dataset="mnist5k", num_clients=NUM_CLIENTS, partition="shards", shards_per_client=1,
-            val_fraction=0.0, batch_size=BATCH, seed=seed, resize=options["resize"],
+            val_fraction=0.0, batch_size=BATCH, seed=seed, resize=MODELS[model_name]["resize"],
         )  # fmt: skip
         _DATA[(model_name, seed)] = dm, malicious_clients(dm)
-    dm, malicious = _DATA[(model_name, seed)]
+    return _DATA[(model_name, seed)]
+
+
+def run_cell(
+    cell: tuple, args: argparse.Namespace, run_dir: str | None = None
+) -> dict[str, object]:
+    """One run of the table; its run directory is ``run_dir`` if given, else a temporary one."""
+    model_name, momentum, rule, bucket, attack_name, seed = cell
+    options = MODELS[model_name]
+    dm, malicious = data(model_name, seed)
     seed_everything(seed, verbose=False)
     network = dict(
         network=options["network"], network_kwargs=options["network_kwargs"],
@@ -155,7 +167,7 @@ def run_cell(cell: tuple, args: argparse.Namespace) -> dict[str, object]:
     )
     backend = CohortBackend() if args.backend == "cohort" else SequentialBackend()
     started, cpu = time.perf_counter(), time.process_time()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() if run_dir is None else nullcontext(run_dir) as tmp:
         loop = FederatedLoop(
             rounds=args.rounds, clients_per_round=NUM_CLIENTS, local_steps=1,
             aggregator=FedAvg(weighting="uniform", statistic=statistic(rule, momentum, bucket)),
@@ -183,12 +195,23 @@ def _key(row: dict) -> tuple:
             str(row["attack"]), int(row["seed"]))  # fmt: skip
 
 
+def kept_run_dir(cell: tuple, args: argparse.Namespace) -> str | None:
+    """``runs/MODEL_mMOMENTUM_RULE_bBUCKET_ATTACK_sSEED`` under ``--out`` with ``--keep-runs``,
+    emptied first (a cell stopped half-way restarts from round 1)."""
+    if not args.keep_runs:
+        return None
+    model_name, momentum, rule, bucket, attack_name, seed = cell
+    path = args.out / "runs" / f"{model_name}_m{momentum}_{rule}_b{bucket}_{attack_name}_s{seed}"
+    shutil.rmtree(path, ignore_errors=True)
+    return str(path)
+
+
 def _worker(job: tuple[list[tuple], argparse.Namespace, Path]) -> int:
     todo, args, path = job
     torch.set_num_threads(1)
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
     for cell in todo:
-        row = run_cell(cell, args)
+        row = run_cell(cell, args, kept_run_dir(cell, args))
         append(path, row, FIELDS)
         print(f"{cell}: test_acc {float(row['test_acc']):.4f} ({row['time_s']} s, "
               f"{row['cpu_s']} CPU-s)", flush=True)  # fmt: skip
@@ -243,6 +266,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--backend", default="cohort", choices=["cohort", "sequential"])
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--keep-runs", action="store_true",
+                        help="keep each cell's run directory (its config.yaml reruns it)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/karimireddy2022"))
     return parser.parse_args(argv)
 

@@ -109,3 +109,30 @@ def test_the_karimireddy2022_setting_runs_tiny_beside_the_released_numbers(tmp_p
         written = list(csv.DictReader(handle))
     assert len(written) == 1 + 2 * 2 * 2 and all(r["status"] == "ok" for r in written)
     assert "0 run(s) now" in robustness.main(args)
+
+
+def test_a_karimireddy2022_cell_kept_reruns_through_the_cli_bit_for_bit(tmp_path, monkeypatch):
+    """``--keep-runs``: a cell's run directory holds the ``config.yaml`` of its run (bucketed
+    centered clipping, torch-form worker momentum, the mimic attack on the label-sorted malicious
+    clients), and ``fedlightning fit --config`` on it gives the same global model bit for bit, so
+    the table is what the CLI computes."""
+    from fedlightning.cli import main
+
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    for name in ("robustness", "karimireddy2022"):
+        sys.modules.pop(name, None)
+    import robustness
+
+    robustness.main(["--setting", "karimireddy2022", "--rounds", "2", "--seeds", "0", "--momenta",
+                     "0.9", "--rules", "cclip", "--buckets", "2", "--attacks", "mimic",
+                     "--keep-runs", "--out", str(tmp_path)])  # fmt: skip
+    kept = tmp_path / "runs" / "mlp_m0.9_cclip_b2_mimic_s0"
+    config = (kept / "config.yaml").read_text()
+    assert "fedlightning.attacks.Mimic" in config and "form: torch" in config
+    assert (tmp_path / "runs" / "mlp_m0.9_mean_b0_none_s0" / "global.pt").exists()
+    monkeypatch.setattr(sys, "argv", ["fedlightning"])
+    main(["fit", "--config", str(kept / "config.yaml"), "--loop.run_dir", str(tmp_path / "cli")])
+    ours = torch.load(kept / "global.pt")
+    theirs = torch.load(tmp_path / "cli" / "global.pt")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
