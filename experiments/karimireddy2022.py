@@ -28,7 +28,7 @@ Models: ``--model mlp`` (the default; one hidden layer of 32 on the images downs
 a variant that runs the whole table at one seed on two CPU cores) or ``--model cnn`` (their
 network, ``karimireddy_cnn``, at 28x28). A baseline row runs the mean without an attack. Each
 cell is appended to ``results.csv`` as it finishes (with its wall and CPU seconds); a restart
-skips the cells already there. ``--keep-runs`` keeps each cell's run directory under
+skips the cells already there; ``--print-only`` tabulates them and runs nothing. ``--keep-runs`` keeps each cell's run directory under
 ``runs/`` of ``--out``: its ``config.yaml`` reruns that cell through the CLI, bit for bit
 (``fedlightning fit --config .../config.yaml --loop.run_dir NEW``).
 
@@ -230,7 +230,8 @@ def tables(rows: list[dict[str, str]], args: argparse.Namespace) -> str:
     """Per momentum, a row per rule and bucketing, a column per attack: ``ours (released)``."""
     by_cell: dict[tuple, list[float]] = {}
     for row in rows:
-        by_cell.setdefault(_key(row)[:5], []).append(float(row["test_acc"]))
+        if int(row["seed"]) in args.seeds:
+            by_cell.setdefault(_key(row)[:5], []).append(float(row["test_acc"]))
     out = []
     for momentum in args.momenta:
         base = by_cell.get((args.model, momentum, MEAN, 0, NONE), [])
@@ -266,6 +267,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--backend", default="cohort", choices=["cohort", "sequential"])
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    parser.add_argument("--print-only", action="store_true",
+                        help="run nothing: tabulate the cells in results.csv ('-': not run)")  # fmt: skip
     parser.add_argument("--keep-runs", action="store_true",
                         help="keep each cell's run directory (its config.yaml reruns it)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/karimireddy2022"))
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> str:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.csv"
     done = {_key(r) for r in read(path, args)}
-    todo = [c for c in cells(args) if c not in done]
+    todo = [] if args.print_only else [c for c in cells(args) if c not in done]
     started, cpu = time.perf_counter(), time.process_time()
     jobs = max(1, min(args.jobs, len(todo)))
     if jobs == 1:

@@ -109,6 +109,8 @@ def test_the_karimireddy2022_setting_runs_tiny_beside_the_released_numbers(tmp_p
         written = list(csv.DictReader(handle))
     assert len(written) == 1 + 2 * 2 * 2 and all(r["status"] == "ok" for r in written)
     assert "0 run(s) now" in robustness.main(args)
+    printed = robustness.main([*args, "--print-only", "--rules", "rfa", "--seeds", "1"])
+    assert "0 run(s) now" in printed and "| RFA | - (11.4) | - (86.4) |" in printed
 
 
 def test_a_karimireddy2022_cell_kept_reruns_through_the_cli_bit_for_bit(tmp_path, monkeypatch):
