@@ -28,9 +28,10 @@ Models: ``--model mlp`` (the default; one hidden layer of 32 on the images downs
 a variant that runs the whole table at one seed on two CPU cores) or ``--model cnn`` (their
 network, ``karimireddy_cnn``, at 28x28). A baseline row runs the mean without an attack. Each
 cell is appended to ``results.csv`` as it finishes (with its wall and CPU seconds); a restart
-skips the cells already there; ``--print-only`` tabulates them and runs nothing. ``--keep-runs`` keeps each cell's run directory under
-``runs/`` of ``--out``: its ``config.yaml`` reruns that cell through the CLI, bit for bit
-(``fedlightning fit --config .../config.yaml --loop.run_dir NEW``).
+skips the cells already there; ``--print-only`` tabulates them and runs nothing.
+``--keep-runs`` keeps each cell's run directory under ``runs/`` of ``--out``: its
+``config.yaml`` reruns that cell through the CLI, bit for bit (``fedlightning fit --config
+.../config.yaml --loop.run_dir NEW``).
 
     python experiments/robustness.py --setting karimireddy2022 --seeds 0 --jobs 2
     python experiments/robustness.py --setting karimireddy2022 --model cnn --rules cclip krum \\
