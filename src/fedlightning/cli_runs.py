@@ -172,7 +172,7 @@ def run_seed(args: list[str], seed: int) -> SeedRun:
     Ray task: it runs in a worker process)."""
     cli = fit_command([*args, "--loop.seed", str(seed)], subdirectory=f"seed_{seed}")
     history = cli.trainer.history
-    return SeedRun(seed, str(cli.trainer.run_dir), dict(history[-1]) if history else {})
+    return SeedRun(seed, str(cli.trainer.options.run_dir), dict(history[-1]) if history else {})
 
 
 def _seeds_on_ray(

@@ -3,7 +3,7 @@
 the protocol in :mod:`fedlightning.server.statistics.base`). The differentially private mean is
 :class:`fedlightning.privacy.NoisedMean`."""
 
-from fedlightning.server.statistics.base import Statistic, StatisticContext, StatisticLike
+from fedlightning.server.statistics.base import Statistic, StatisticContext
 from fedlightning.server.statistics.bucketing import Bucketing
 from fedlightning.server.statistics.bulyan import Bulyan
 from fedlightning.server.statistics.centered import CenteredClip
@@ -12,6 +12,6 @@ from fedlightning.server.statistics.geomed import GeometricMedian
 from fedlightning.server.statistics.krum import Krum, MultiKrum
 
 __all__ = [
-    "Bucketing", "Bulyan", "CenteredClip", "GeometricMedian", "Krum", "Mean", "Median", "MultiKrum", "Statistic",
-    "StatisticContext", "StatisticLike", "TrimmedMean",
+    "Bucketing", "Bulyan", "CenteredClip", "GeometricMedian", "Krum", "Mean", "Median", "MultiKrum",
+    "Statistic", "StatisticContext", "TrimmedMean",
 ]  # fmt: skip

@@ -16,8 +16,7 @@ from fedlightning.server.functional import weighted_average
 from fedlightning.server.statistics.base import (
     Statistic,
     StatisticContext,
-    StatisticLike,
-    flag,
+    check_statistic,
     setup_statistic,
 )
 from fedlightning.server.statistics.coordinate import Median
@@ -60,13 +59,13 @@ class Bucketing(Statistic):
         bucket_size: s >= 1 (the paper's experiments: 2; 1 is ``inner`` on a shuffled round).
     """
 
-    def __init__(self, inner: StatisticLike | None = None, bucket_size: int = 2) -> None:
+    def __init__(self, inner: Statistic | None = None, bucket_size: int = 2) -> None:
         require(isinstance(bucket_size, int) and bucket_size >= 1,
                 f"{STATISTIC}.init_args.bucket_size", bucket_size, "an integer >= 1")  # fmt: skip
-        inner = Median() if inner is None else inner
-        require(callable(getattr(inner, "combine", None)), f"{STATISTIC}.init_args.inner",
-                type(inner).__name__, "a statistic (an object with combine)")  # fmt: skip
-        require(not flag(inner, "withholds_uploads"), f"{STATISTIC}.init_args.inner",
+        inner = check_statistic(
+            Median() if inner is None else inner, f"{STATISTIC}.init_args.inner"
+        )
+        require(not inner.withholds_uploads, f"{STATISTIC}.init_args.inner",
                 type(inner).__name__, "a statistic that reads the uploads (a DP release over "
                 "bucket means is not the release it accounts for)")  # fmt: skip
         self.inner = inner
@@ -74,9 +73,8 @@ class Bucketing(Statistic):
         self._name_inner()
 
     def _name_inner(self) -> None:
-        if isinstance(self.inner, Statistic):
-            path = f"{self.options_path}.inner"
-            self.inner.named(f"{path} (over the bucket means)", f"{path}.init_args")
+        path = f"{self.options_path}.inner"
+        self.inner.named(f"{path} (over the bucket means)", f"{path}.init_args")
 
     def named(self, option: str, options_path: str) -> Statistic:
         super().named(option, options_path)
@@ -92,9 +90,7 @@ class Bucketing(Statistic):
         return math.ceil(count / self.bucket_size)
 
     def _checked(self, method: str, count: int, byzantine: int) -> None:
-        check = getattr(self.inner, method, None) or getattr(self.inner, "check_byzantine", None)
-        if check is None:
-            return
+        check = getattr(self.inner, method)
         buckets = self.buckets(count)
         try:
             check(buckets, min(byzantine, buckets))
@@ -112,8 +108,7 @@ class Bucketing(Statistic):
         self._checked("check_round_byzantine", uploads, byzantine)
 
     def round_metrics(self) -> dict[str, float]:
-        metrics = getattr(self.inner, "round_metrics", None)
-        return metrics() if metrics is not None else {}
+        return self.inner.round_metrics()
 
     def combine(
         self, uploads: Sequence[StateDict], weights: Sequence[float], context: StatisticContext
