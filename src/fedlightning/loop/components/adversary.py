@@ -10,7 +10,6 @@ fedlightning.loop.components.Adversary, init_args: {attack: X}}]``."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from fedlightning.attacks.base import Attack
@@ -28,6 +27,11 @@ class Adversary(RoundComponent):
     """
 
     name = "attack"
+    #: the attack's own state (what the mimic attack has learnt: ``Attack.state_attributes``) is
+    #: mirrored in the declared ``attack_state``: pushed into the attack when a round starts,
+    #: read back when it ends, so ``attack`` and ``adversary`` (which holds it) carry nothing a
+    #: checkpoint lacks
+    transient_attributes = ("attack", "adversary")
 
     def __init__(self, attack: Attack) -> None:
         require(
@@ -35,6 +39,7 @@ class Adversary(RoundComponent):
             "Adversary.attack", attack, "an Attack (fedlightning.attacks: LabelFlip, SignFlip, ...)",
         )  # fmt: skip
         self.attack = attack
+        self.add_state("attack_state", {})  # Attack.state_dict(): empty for stateless attacks
         self.adversary: byzantine.Adversary | None = None  # the malicious clients, at start-up
         self.flipped: tuple[int, ...] = ()
 
@@ -64,16 +69,10 @@ class Adversary(RoundComponent):
         # a round refused (beyond the breakdown point) or skipped aggregated no upload
         return {**row, **self.adversary.round_metrics(round.uploads if round.aggregated else [])}
 
-    # The attack's state (what the mimic attack has learnt: Attack.state_attributes) is this
-    # component's, in every checkpoint under ``attack``, saved and restored by the attack itself;
-    # ``attack`` and ``adversary`` (which holds it) are therefore declared, not watched.
-    def declared_states(self) -> dict[str, str]:
-        if not self.attack.state_attributes:
-            return {}
-        return {"attack": f"{type(self.attack).__name__}.state_dict()", "adversary": "its attack"}
+    def on_round_start(self, round: Round) -> None:
+        """The attack continues from the declared ``attack_state`` (a resumed run's, restored
+        from its checkpoint, included)."""
+        self.attack.load_state_dict(self.attack_state)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.attack.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.attack.load_state_dict(state)
+    def on_round_end(self, round: Round) -> None:
+        self.attack_state = self.attack.state_dict()  # what the attack learnt this round
