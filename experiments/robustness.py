@@ -36,6 +36,8 @@ several processes may share the file). The tables (one per attack, mean ± std o
     python experiments/robustness.py --setting many_aggregations --jobs 2   # the second table
     python experiments/robustness.py --setting many_aggregations --rounds 5 --seeds 0 \\
         --aggregators fedavg cc_momentum       # a smoke test (fewer rounds: its output says so)
+    python experiments/robustness.py --setting karimireddy2022 --seeds 0 --jobs 2
+                                 # Karimireddy et al.'s exp3 (experiments/karimireddy2022.py)
 """
 
 from __future__ import annotations
@@ -197,13 +199,13 @@ def run_cell(cell: tuple[str, float, str, int], args: argparse.Namespace) -> dic
     }  # fmt: skip
 
 
-def append(path: Path, row: dict[str, object]) -> None:
+def append(path: Path, row: dict[str, object], fields: list[str] = FIELDS) -> None:
     """Append one row under an exclusive lock (processes may share the file)."""
     with open(path, "a", newline="") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         if handle.tell() == 0:
-            csv.DictWriter(handle, fieldnames=FIELDS).writeheader()
-        csv.DictWriter(handle, fieldnames=FIELDS).writerow(row)
+            csv.DictWriter(handle, fieldnames=fields).writeheader()
+        csv.DictWriter(handle, fieldnames=fields).writerow(row)
 
 
 def read(path: Path, args: argparse.Namespace) -> list[dict[str, str]]:
@@ -282,9 +284,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--setting", default="epochs", choices=list(SETTINGS),
+    parser.add_argument("--setting", default="epochs", choices=[*SETTINGS, "karimireddy2022"],
                         help="epochs: the first table (10 rounds of one local epoch); "
-                        "many_aggregations: one local step a round, many rounds")  # fmt: skip
+                        "many_aggregations: one local step a round, many rounds; "
+                        "karimireddy2022: their exp3 beside the released outputs, with its own "
+                        "options (experiments/karimireddy2022.py)")  # fmt: skip
     parser.add_argument("--attacks", nargs="+", default=list(ATTACKS), choices=list(ATTACKS))
     parser.add_argument("--fractions", nargs="+", type=float, default=[0.1, 0.2, 0.3])
     parser.add_argument("--aggregators", nargs="+", default=list(AGGREGATORS),
@@ -310,6 +314,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> str:
+    chosen = argparse.ArgumentParser(add_help=False)
+    chosen.add_argument("--setting")
+    if chosen.parse_known_args(argv)[0].setting == "karimireddy2022":
+        import karimireddy2022  # its own options (its docstring)
+
+        return karimireddy2022.main(argv)
     args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "results.csv"

@@ -64,7 +64,8 @@ def test_gaussian_noise_is_seeded_by_seed_round_and_client():
 
 def test_alie_by_hand():
     # updates 0, 2, 4 on the first coordinate (w = 1): mean 2, sample std 2; n = 3, m = 1:
-    # s = floor(3/2 + 1) - 1 = 1, z = Phi^-1(2/3); the malicious upload is w + 2 - 2 z
+    # s = floor(3/2 + 1) - 1 = 1, z = Phi^-1(2/3); the malicious upload is w + 2 + 2 z (the
+    # pseudo-gradients w - w_i have mean -2 and std 2: the attackers send -2 - 2 z of them)
     uploads = [_upload(0, [1.0, 1.0]), _upload(1, [3.0, 1.0]), _upload(2, [5.0, 1.0])]
     z = NormalDist().inv_cdf(2 / 3)
     assert alie_z(3, 1) == pytest.approx(z)
@@ -72,11 +73,13 @@ def test_alie_by_hand():
     assert alie_z(50, 12) == pytest.approx(NormalDist().inv_cdf(36 / 50))
     assert alie_z(10, 2) == pytest.approx(NormalDist().inv_cdf(6 / 10))
     out = _corrupt(ALIE(clients=[2]), uploads, {2})
-    assert out[2].weights["w"][0].item() == pytest.approx(1 + 2 - 2 * z, abs=1e-6)
+    assert out[2].weights["w"][0].item() == pytest.approx(1 - (-2 - 2 * z), abs=1e-6)
+    updated = _corrupt(ALIE(clients=[2], space="update"), uploads, {2})
+    assert updated[2].weights["w"][0].item() == pytest.approx(1 + 2 - 2 * z, abs=1e-6)
     assert out[2].weights["w"][1].item() == 1.0  # no spread: the mean
     assert out[0] is uploads[0] and out[1] is uploads[1]
     fixed = _corrupt(ALIE(clients=[1, 2], z=1.5), uploads, {1, 2})
-    assert fixed[1].weights["w"][0].item() == pytest.approx(1 + 2 - 1.5 * 2)
+    assert fixed[1].weights["w"][0].item() == pytest.approx(1 + 2 + 1.5 * 2)
     assert torch.equal(fixed[1].weights["w"], fixed[2].weights["w"])  # the attackers agree
 
 

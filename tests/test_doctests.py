@@ -27,6 +27,9 @@ MODULES = [
     "fedlightning.privacy.client_dp_maths",
     "fedlightning.attacks.maths",
     "fedlightning.loop.sampling",
+    "fedlightning.server.breakdown",
+    "fedlightning.server.statistics.bucketing",
+    "fedlightning.server.statistics.bulyan",
 ]
 
 

@@ -142,3 +142,19 @@ def test_fml_cnn2_is_the_papers_text(size, side):
     assert model.feature_dim == 128 * side * side
     with pytest.raises(ConfigurationError, match="needs image_size >= 8"):
         create_model("fml_cnn2", num_classes=10, in_channels=1, image_size=7)
+
+
+def test_karimireddy_cnn_is_their_mnist_net():
+    """conv3x3(32), conv3x3(64), one 2x2 pooling, fc 9216 -> 128 -> 10, with dropout (their code's
+    ``codes/tasks/mnist.py``): 1,199,882 parameters at 28x28, as the PyTorch MNIST example's."""
+    model = create_model("karimireddy_cnn", num_classes=10, in_channels=1, image_size=28)
+    assert _layer_plan(model) == [
+        ("conv", (32, (3, 3), (0, 0))), ("conv", (64, (3, 3), (0, 0))), ("pool", 2),
+        ("fc", (9216, 128)), ("fc", (128, 10)),
+    ]  # fmt: skip
+    assert sum(p.numel() for p in model.parameters()) == 1_199_882
+    assert [type(m).__name__ for m in model.modules() if "Dropout" in type(m).__name__] == [
+        "Dropout2d", "Dropout",
+    ]  # fmt: skip
+    with pytest.raises(ConfigurationError, match="needs image_size >= 6"):
+        create_model("karimireddy_cnn", num_classes=10, image_size=5)

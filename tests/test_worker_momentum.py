@@ -90,3 +90,28 @@ def test_paper_method_resumes_bitwise_and_the_cohort_agrees(tmp_path):
     a, c = straight.aggregator.global_state(), cohort.aggregator.global_state()
     for key in a:
         torch.testing.assert_close(c[key], a[key], rtol=1e-5, atol=1e-6)
+
+
+def test_the_torch_form_is_sgds_momentum_buffer_and_the_paper_form_over_one_minus_beta():
+    """``form: torch`` keeps ``m <- beta m + delta`` (``m_1 = delta``): the buffer that
+    ``torch.optim.SGD(momentum=beta)`` keeps for gradients ``delta`` (the reference code's
+    ``MomentumWorker``), and for the same pseudo-gradients ``1 / (1 - beta)`` times the paper's
+    ``(1 - beta)`` form: the factor by which a clipping radius carries over."""
+    beta = 0.9
+    deltas = [torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.0]), torch.tensor([-3.0, 1.0])]
+    parameter = torch.nn.Parameter(torch.zeros(2))
+    sgd = torch.optim.SGD([parameter], lr=1.0, momentum=beta)  # independent reference
+    torch_m: dict = {}
+    paper_m: dict = {}
+    for delta in deltas:
+        w = {"x": torch.tensor([2.0, 2.0]), "n": torch.tensor(1)}
+        trained = {"x": w["x"] - delta, "n": torch.tensor(2)}
+        upload, torch_m = worker_momentum_step(w, trained, torch_m, beta, form="torch")
+        _, paper_m = worker_momentum_step(w, trained, paper_m, beta, form="paper")
+        parameter.grad = delta.clone()
+        sgd.step()
+        torch.testing.assert_close(torch_m["x"], sgd.state[parameter]["momentum_buffer"])
+        torch.testing.assert_close(upload["x"], w["x"] - torch_m["x"])
+        torch.testing.assert_close(torch_m["x"], paper_m["x"] / (1 - beta))
+    with pytest.raises(ConfigurationError, match="model.form='sgd'"):
+        WorkerMomentum(form="sgd")  # type: ignore[arg-type]

@@ -83,6 +83,7 @@ _AGGREGATORS = _classes("fedlightning.server", {
     "InCo": "cross-layer updates of heterogeneous clients' layers around an inner aggregator",
     "Krum": "the upload with the lowest Krum score (byzantine: the tolerated attackers)",
     "MultiKrum": "the mean of the selected uploads with the lowest Krum scores",
+    "Bulyan": "Krum chooses n - 2f uploads, then the n - 4f nearest the median per coordinate",
     "GeometricMedian": "RFA: the weighted geometric median of the uploads (smoothed Weiszfeld)",
     "CenteredClipping": "client updates clipped around the last aggregate update (radius)",
     "NormBound": "FedAvg of the client updates clipped to an L2 norm bound (max_norm)",
@@ -95,6 +96,8 @@ _ATTACKS = _classes("fedlightning.attacks", {
     "GaussianNoise": "a malicious upload is the received model plus N(0, sigma^2) noise",
     "ALIE": "'a little is enough': uploads z standard deviations off the round's mean update",
     "InnerProductManipulation": "malicious uploads w - epsilon * the honest mean update (Xie et al.)",
+    "BitFlip": "a malicious update u is replaced by -u (Karimireddy et al. 2022)",
+    "Mimic": "malicious uploads copy one honest client's, chosen by the spread (Karimireddy et al. 2022)",
 })  # fmt: skip
 _BACKENDS = _classes("fedlightning.backends", {
     "AutoBackend": "the default: sequential fits on the CPU, the cohort on a GPU (it says why)",
@@ -119,6 +122,7 @@ _MODELS = {
     "fml_cnn2": "FML's CNN2 as the paper describes it",
     "fml_cnn2_code": "FML's CNN2 as the authors' code builds it",
     "cofed_cnn": "CoFED's random CNN family (widths drawn per participant)",
+    "karimireddy_cnn": "the MNIST CNN of Karimireddy et al.'s Byzantine experiments (conv 32, conv 64, fc 128)",
     **_RESNETS,
     **_VITS,
 }

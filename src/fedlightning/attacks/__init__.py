@@ -5,9 +5,10 @@ from fedlightning.attacks.alie import ALIE
 from fedlightning.attacks.base import Attack
 from fedlightning.attacks.ipm import InnerProductManipulation
 from fedlightning.attacks.labels import LabelFlip
-from fedlightning.attacks.upload import GaussianNoise, Scaling, SignFlip
+from fedlightning.attacks.mimic import Mimic
+from fedlightning.attacks.upload import BitFlip, GaussianNoise, Scaling, SignFlip
 
 __all__ = [
-    "ALIE", "Attack", "GaussianNoise", "InnerProductManipulation", "LabelFlip", "Scaling",
-    "SignFlip",
+    "ALIE", "Attack", "BitFlip", "GaussianNoise", "InnerProductManipulation", "LabelFlip",
+    "Mimic", "Scaling", "SignFlip",
 ]  # fmt: skip

@@ -16,10 +16,12 @@ aggregator); its constructor arguments are part of the run's identity. It marks 
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -65,6 +67,10 @@ class Attack(RecordsInitArgs, ABC):
 
     #: the malicious clients train on poisoned labels (data side) instead of corrupting uploads
     poisons_labels: ClassVar[bool] = False
+    #: the attributes the attack keeps across rounds (what the mimic attack has learnt): its
+    #: state, checkpointed with the run and restored on resume (:meth:`state_dict`); none by
+    #: default, since most attacks are functions of their round
+    state_attributes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, fraction: float = 0.0, clients: list[int] | None = None) -> None:
         require(0.0 <= fraction < 1.0, f"{PREFIX}.fraction", fraction, "a number in [0, 1)")
@@ -101,6 +107,17 @@ class Attack(RecordsInitArgs, ABC):
     def corrupt(self, attack_round: AttackRound) -> list[StateDict]:
         """The weights each upload of the round carries to the aggregator: a malicious upload's
         replaced, an honest one's as uploaded."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of the :attr:`state_attributes`, for a checkpoint."""
+        return {name: copy.deepcopy(getattr(self, name)) for name in self.state_attributes}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (``{}``: a checkpoint of a run without the attack's
+        state keeps the initial values)."""
+        for name in self.state_attributes:
+            if name in state:
+                setattr(self, name, copy.deepcopy(state[name]))
 
 
 class UploadAttack(Attack):

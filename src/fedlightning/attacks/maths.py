@@ -86,14 +86,24 @@ def alie_z(num_uploads: int, num_malicious: int, variant: str = "all") -> float:
     return NormalDist().inv_cdf((num_uploads - supporters) / num_uploads)
 
 
-def alie_update(updates: Sequence[StateDict], z: float) -> StateDict:
-    """``mu - z sigma`` per coordinate of the floating entries, with ``mu`` and ``sigma`` the mean
-    and the sample standard deviation (``n - 1`` in the denominator; 0 for a single update) of
-    ``updates`` over those that own each key (an owner-aware statistic), in the wide dtype.
+def alie_update(updates: Sequence[StateDict], z: float, space: str = "gradient") -> StateDict:
+    """The malicious update of ALIE per coordinate of the floating entries, with ``mu`` and
+    ``sigma`` the mean and the sample standard deviation (``n - 1`` in the denominator; 0 for a
+    single update) of ``updates`` ``u_j = w_j - w`` over those that own each key (an owner-aware
+    statistic), in the wide dtype:
 
-    >>> alie_update([{"w": torch.tensor([1.0])}, {"w": torch.tensor([3.0])}], 1.0)
-    {'w': tensor([0.5858], dtype=torch.float64)}
+    - ``space="gradient"``: the attackers send ``mu_g - z sigma_g`` of the pseudo-gradients
+      ``g_j = w - w_j = -u_j`` (the reference code's direction: its workers send gradients and
+      the server steps ``x - lr * aggregate``); as an update that is ``mu + z sigma``;
+    - ``space="update"``: ``mu - z sigma`` of the updates themselves.
+
+    >>> two = [{"w": torch.tensor([1.0])}, {"w": torch.tensor([3.0])}]  # mu 2, sigma sqrt(2)
+    >>> alie_update(two, 1.0), alie_update(two, 1.0, "update")
+    ({'w': tensor([3.4142], dtype=torch.float64)}, {'w': tensor([0.5858], dtype=torch.float64)})
     """
+    if space not in ("gradient", "update"):
+        raise ValueError(f"ALIE's space is 'gradient' or 'update', got {space!r}")
+    sign = 1.0 if space == "gradient" else -1.0
     out: StateDict = {}
     for key in dict.fromkeys(k for u in updates for k in u):
         owned = [u[key] for u in updates if key in u]
@@ -101,7 +111,7 @@ def alie_update(updates: Sequence[StateDict], z: float) -> StateDict:
             continue
         stacked = torch.stack([wide(t) for t in owned])
         std = stacked.std(dim=0) if len(owned) > 1 else torch.zeros_like(stacked[0])
-        out[key] = stacked.mean(dim=0) - z * std
+        out[key] = stacked.mean(dim=0) + sign * z * std
     return out
 
 

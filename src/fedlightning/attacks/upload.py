@@ -1,5 +1,5 @@
-"""Attacks that replace each malicious upload on its own: sign flipping, scaling (model
-replacement), Gaussian noise (docs/algorithms.md section 8.1)."""
+"""Attacks that replace each malicious upload on its own: sign flipping, bit flipping, scaling
+(model replacement), Gaussian noise (docs/algorithms.md section 8.1)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,26 @@ class SignFlip(UploadAttack):
         self, attack_round: AttackRound, upload: Upload, ref: StateDict
     ) -> StateDict:
         return rescale_update(upload.weights, ref, -self.scale)
+
+
+class BitFlip(UploadAttack):
+    """Bit flipping (Karimireddy, He, Jaggi, ICLR 2022, arXiv:2006.09365, section 5; the
+    reference code's ``BitFlippingWorker``): the malicious client sends the negation of what it
+    computed honestly, its gradient ``-g_i`` there, here its update: ``u_i -> -u_i``, the upload
+    ``w - (w_i - w)``. :class:`SignFlip` with ``scale = 1``. Clients that upload a momentum
+    (:class:`~fedlightning.clients.WorkerMomentum`) flip their momentum.
+
+    Args:
+        fraction, clients: the malicious clients (:class:`~fedlightning.attacks.base.Attack`).
+    """
+
+    def __init__(self, fraction: float = 0.0, clients: list[int] | None = None) -> None:
+        super().__init__(fraction, clients)
+
+    def corrupt_upload(
+        self, attack_round: AttackRound, upload: Upload, ref: StateDict
+    ) -> StateDict:
+        return rescale_update(upload.weights, ref, -1.0)
 
 
 class Scaling(UploadAttack):

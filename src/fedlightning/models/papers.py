@@ -1,6 +1,7 @@
-"""Architectures named by the seed papers: torchvision's VGG-16 shape (FedCross Table 1) and
+"""Architectures named by the seed papers: torchvision's VGG-16 shape (FedCross Table 1),
 FML's CNN1/CNN2 (FML Table 1): ``fml_cnn1``/``fml_cnn2`` as the paper's text describes them,
-``fml_cnn1_code``/``fml_cnn2_code`` as the authors' released ``Model.py`` builds them.
+``fml_cnn1_code``/``fml_cnn2_code`` as the authors' released ``Model.py`` builds them, and the
+MNIST CNN of Karimireddy, He and Jaggi's Byzantine experiments (``karimireddy_cnn``).
 
 Every model follows :mod:`fedlightning.models.small`: ``features`` then ``head`` (one Linear).
 """
@@ -120,6 +121,28 @@ def fml_cnn2_code(num_classes: int, in_channels: int, image_size: int) -> nn.Mod
         nn.Linear(64 * side * side, 64), nn.ReLU(),
     )  # fmt: skip
     return FeatureClassifier(features, 64, num_classes)
+
+
+@register_model("karimireddy_cnn")
+def karimireddy_cnn(num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    """The MNIST network of Karimireddy, He, Jaggi, "Byzantine-Robust Learning on Heterogeneous
+    Datasets via Bucketing" (ICLR 2022, arXiv:2006.09365) as their code builds it
+    (``epfml/byzantine-robust-noniid-optimizer``, ``codes/tasks/mnist.py``, ``Net``: the PyTorch
+    MNIST example of its time): ``conv3x3(32) -> ReLU -> conv3x3(64) -> pool2 -> Dropout2d(0.25)
+    -> fc 128 -> ReLU -> Dropout(0.5) -> classes``, unpadded (64 x 12 x 12 = 9,216 features at
+    28x28; any side >= 6). As there, the second convolution is pooled without a ReLU; their
+    ``Dropout2d(0.5)`` on the 128 features (a 2-d input: one value per channel) is the element-wise
+    ``Dropout(0.5)`` here; their ``log_softmax`` and NLL loss are the cross-entropy on the logits.
+    """
+    side = (image_size - 4) // 2
+    _check("karimireddy_cnn", image_size, side, 6)
+    features = nn.Sequential(
+        nn.Conv2d(in_channels, 32, 3), nn.ReLU(),
+        nn.Conv2d(32, 64, 3), nn.MaxPool2d(2), nn.Dropout2d(0.25),
+        nn.Flatten(),
+        nn.Linear(64 * side * side, 128), nn.ReLU(), nn.Dropout(0.5),
+    )  # fmt: skip
+    return FeatureClassifier(features, 128, num_classes)
 
 
 def _check(name: str, image_size: int, side: int, minimum: int) -> None:

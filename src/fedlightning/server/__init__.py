@@ -2,6 +2,7 @@
 
 from fedlightning.server.adaptive import FedAdagrad, FedYogi
 from fedlightning.server.base import Aggregator
+from fedlightning.server.bulyan import Bulyan
 from fedlightning.server.centered_clip import CenteredClipping
 from fedlightning.server.cfl import ClusteredFL
 from fedlightning.server.fedadam import FedAdam
@@ -18,7 +19,7 @@ from fedlightning.server.norm_bound import NormBound
 from fedlightning.server.scaffold import Scaffold
 
 __all__ = [
-    "Aggregator", "CenteredClipping", "ClusteredFL", "FedAdagrad", "FedAdam", "FedAvg", "FedAvgM",
-    "FedCross", "FedDyn", "FedNova", "FedYogi", "GeometricMedian", "IFCA", "InCo", "Krum",
+    "Aggregator", "Bulyan", "CenteredClipping", "ClusteredFL", "FedAdagrad", "FedAdam", "FedAvg",
+    "FedAvgM", "FedCross", "FedDyn", "FedNova", "FedYogi", "GeometricMedian", "IFCA", "InCo", "Krum",
     "MultiKrum", "NormBound", "Scaffold",
 ]  # fmt: skip

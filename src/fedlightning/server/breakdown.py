@@ -67,3 +67,18 @@ def require_krum(rule: str, per_round: int, byzantine: int, assumed: str | None 
         f"n={per_round} clients, and {rule} needs n > 2f + 2; lower {assumed} (null adopts "
         f"{ATTACK}'s, 0 without one) or raise loop.clients_per_round to at least {2 * byzantine + 3}"
     )
+
+
+def require_bulyan(rule: str, per_round: int, byzantine: int) -> None:
+    """``n >= 4 f + 3`` (El Mhamdi, Guerraoui, Rouault, ICML 2018, arXiv:1802.07927, section 4:
+    Bulyan's selection keeps ``n - 2f`` uploads and averages ``n - 4f`` of them per coordinate).
+
+    >>> require_bulyan("Bulyan", 23, 5)
+    >>> require_bulyan("Bulyan", 22, 5)
+    Traceback (most recent call last):
+    ...
+    fedlightning.errors.ConfigurationError: Bulyan cannot tolerate ...
+    """
+    if per_round < 4 * byzantine + 3:
+        _refuse(rule, per_round, byzantine, "n >= 4f + 3",
+                "lower loop.attack.init_args.fraction or raise loop.clients_per_round")  # fmt: skip

@@ -26,12 +26,20 @@ class Adversary(RoundComponent):
         attack: what the malicious clients do, and which they are (a seeded fraction or a list).
     """
 
+    name = "attack"
+    #: the attack's own state (what the mimic attack has learnt: ``Attack.state_attributes``) is
+    #: mirrored in the declared ``attack_state``: pushed into the attack when a round starts,
+    #: read back when it ends, so ``attack`` and ``adversary`` (which holds it) carry nothing a
+    #: checkpoint lacks
+    transient_attributes = ("attack", "adversary")
+
     def __init__(self, attack: Attack) -> None:
         require(
             isinstance(attack, Attack),
             "Adversary.attack", attack, "an Attack (fedlightning.attacks: LabelFlip, SignFlip, ...)",
         )  # fmt: skip
         self.attack = attack
+        self.add_state("attack_state", {})  # Attack.state_dict(): empty for stateless attacks
         self.adversary: byzantine.Adversary | None = None  # the malicious clients, at start-up
         self.flipped: tuple[int, ...] = ()
 
@@ -60,3 +68,11 @@ class Adversary(RoundComponent):
         assert self.adversary is not None
         # a round refused (beyond the breakdown point) or skipped aggregated no upload
         return {**row, **self.adversary.round_metrics(round.uploads if round.aggregated else [])}
+
+    def on_round_start(self, round: Round) -> None:
+        """The attack continues from the declared ``attack_state`` (a resumed run's, restored
+        from its checkpoint, included)."""
+        self.attack.load_state_dict(self.attack_state)
+
+    def on_round_end(self, round: Round) -> None:
+        self.attack_state = self.attack.state_dict()  # what the attack learnt this round

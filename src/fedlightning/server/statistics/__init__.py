@@ -4,12 +4,14 @@ the protocol in :mod:`fedlightning.server.statistics.base`). The differentially 
 :class:`fedlightning.privacy.NoisedMean`."""
 
 from fedlightning.server.statistics.base import Statistic, StatisticContext
+from fedlightning.server.statistics.bucketing import Bucketing
+from fedlightning.server.statistics.bulyan import Bulyan
 from fedlightning.server.statistics.centered import CenteredClip
 from fedlightning.server.statistics.coordinate import Mean, Median, TrimmedMean
 from fedlightning.server.statistics.geomed import GeometricMedian
 from fedlightning.server.statistics.krum import Krum, MultiKrum
 
 __all__ = [
-    "CenteredClip", "GeometricMedian", "Krum", "Mean", "Median", "MultiKrum", "Statistic",
-    "StatisticContext", "TrimmedMean",
+    "Bucketing", "Bulyan", "CenteredClip", "GeometricMedian", "Krum", "Mean", "Median", "MultiKrum",
+    "Statistic", "StatisticContext", "TrimmedMean",
 ]  # fmt: skip
