@@ -36,6 +36,7 @@ from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import trainer_reason
+from fedlightning.loop.batch_checks import check_batches
 from fedlightning.loop.byzantine import Adversary, prepare_attack
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator
@@ -146,6 +147,7 @@ def check_run(
     o.backend.check(model, fit_config, compute)
     o.backend.check_aggregator(o.aggregator)
     validate_datamodule(datamodule)
+    check_batches(model, datamodule, fit_config)  # BatchNorm and a batch of one sample
     model.prepare_clients(datamodule)
     return adversary, fit_config, compute, rate
 
