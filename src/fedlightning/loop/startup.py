@@ -42,6 +42,7 @@ from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporari
 from fedlightning.loop.checks import check_accelerator
 from fedlightning.loop.components import build_components
 from fedlightning.loop.failures import fit_float_dtype
+from fedlightning.loop.headline import ScoredModels
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.options import RunOptions
@@ -214,4 +215,5 @@ def open_run(
     write_marked(options.run_dir / "config.yaml", *config_yaml(options, model, dm))
     dm.save_partition(options.run_dir / "partition.csv")
     options.reporter.plot_partition(dm)
-    options.reporter.open(options.history, wandb_id, dm)
+    scored = ScoredModels.of(run.scoring, options.aggregator.deployables)
+    options.reporter.open(options.history, wandb_id, dm, scored)
