@@ -4,17 +4,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help install demo test test-all notebooks bench bench-peers bench-gpu gpu-wheels lint clean
+.PHONY: help install demo test test-all notebooks notebooks-open bench bench-peers bench-gpu gpu-wheels lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev,ray,data,hf,flower,privacy,tensorboard]'
+	$(PY) -m pip install --quiet -e '.[dev,ray,data,hf,flower,privacy,tensorboard,notebooks]'
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools, Ray, HF datasets, Flower, Opacus and TensorBoard; idempotent
+install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev tools, Ray, HF datasets, Flower, Opacus, TensorBoard and JupyterLab; idempotent
 
 demo: install  ## federated training on the bundled digits data (offline, about 17 CPU-s)
 	$(VENV)/bin/fedlightning fit --config configs/quickstart.yaml
@@ -28,6 +28,9 @@ test-all: install  ## every test, including those marked slow (Ray, SIGKILL resu
 notebooks: install  ## run every notebook at full size; each copy with its outputs goes to notebooks/runs/<name>.ipynb (notebook 01: 30 CPU-s)
 	mkdir -p notebooks/runs
 	$(VENV)/bin/jupyter execute --output='runs/{notebook_name}' notebooks/*.ipynb
+
+notebooks-open: install  ## open notebooks/ in JupyterLab (make install's front end) in the browser; Ctrl-C stops it
+	$(PY) -m jupyterlab notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 bench: install  ## loop overhead against a hand-written PyTorch loop, and scaling tables
 	$(PY) benchmarks/overhead.py --threads 1 --repeats 3

@@ -84,6 +84,7 @@ def _cohort(kwargs, shape, accelerator) -> tuple[float, int, ClientModule]:
             loop = FederatedLoop(
                 rounds=1, clients_per_round=CLIENTS, aggregator=FedAvg(), backend=CohortBackend(),
                 accelerator=accelerator, run_dir=run_dir, progress_bar=False, plots=False,
+                num_threads=None,  # the process's threads (--threads), as the step by hand
             )  # fmt: skip
             loop.console.quiet = True
             loop.fit(model, datamodule=dm)

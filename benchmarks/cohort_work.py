@@ -67,6 +67,7 @@ def run_loop(args, workload, backend, per_round=None, width=32, deterministic=Tr
             local_epochs=args.epochs, aggregator=FedAvg(weighting="samples"), backend=backend,
             accelerator=args.accelerator, precision=args.precision, run_dir=run_dir,
             progress_bar=False, plots=False, loggers=[marks], deterministic=deterministic,
+            num_threads=None,  # the process's threads (--threads), as the paths by hand
         )  # fmt: skip
         loop.console.quiet = True
         loop.fit(model, datamodule=dm)

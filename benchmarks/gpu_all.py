@@ -15,7 +15,7 @@ In order, each part in fresh processes (``benchmarks/gpu_fit.py``, ``benchmarks/
    paths also without deterministic algorithms: determinism's cost) and bf16-mixed, each path's
    round time over the compute floor (docs/algorithms.md section 9.2);
 4. the scaling table: 10, 100 and 1,000 clients a round, sequential and cohort where they fit;
-5. ``loop.backend: auto`` on configs/inco_vit.yaml (timm ViTs): its choice and measured times,
+5. ``loop.backend: auto`` on configs/inco_vit.yaml (timm ViTs): its choice (the rule) and reason,
    and the round time of the path it chose against the other;
 6. benchmarks/gpu_check.py (FedAvg/FedCross in three precisions, SCAFFOLD refusing 16-mixed);
 7. pfl-research's CIFAR-10 benchmark (``benchmarks/yardstick.py``: 1,000 clients of 50 images,

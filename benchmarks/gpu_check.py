@@ -76,6 +76,7 @@ def run(
         rounds=args.rounds, clients_per_round=10, local_epochs=2, aggregator=make_aggregator(),
         precision=precision, accelerator=args.accelerator, seed=args.seed,
         checkpoint_every=args.rounds, run_dir=str(run_dir), progress_bar=False, plots=False,
+        num_threads=None,  # the process's threads (--threads), which the header prints
     )  # fmt: skip
     loop = FederatedLoop(**{**settings, **kw})
     loop.console.quiet = True

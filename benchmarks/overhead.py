@@ -231,7 +231,7 @@ def run_loop(case: Case, rounds: int, seed: int, setup: Setup, fit_with: str = "
             local_steps=case.local_steps, aggregator=FedAvg(weighting="samples"),
             accelerator=setup.accelerator, precision=setup.precision, onednn=setup.onednn,
             seed=seed, run_dir=run_dir, progress_bar=False, plots=False, fit_with=fit_with,
-            loggers=[marks],
+            loggers=[marks], num_threads=None,  # the process's threads, as the hand-written side
         )  # fmt: skip
         loop.console.quiet = True
         start = clock(setup.device.type)

@@ -64,7 +64,7 @@ def timed_round(
     with tempfile.TemporaryDirectory() as run_dir:
         loop = FederatedLoop(
             rounds=1, clients_per_round=per_round, local_steps=local_steps, run_dir=run_dir,
-            progress_bar=False, plots=False, **compute, **loop_kwargs,
+            progress_bar=False, plots=False, num_threads=None, **compute, **loop_kwargs,
         )  # fmt: skip
         loop.console.quiet = True
         start = clock(compute["accelerator"])
@@ -161,6 +161,7 @@ def state_table(num_clients: int) -> Table:
             loop = FederatedLoop(
                 rounds=1, clients_per_round=4, local_steps=3, accelerator="cpu", aggregator=aggregator(),
                 run_dir=run_dir, progress_bar=False, plots=False, client_state="disk",
+                num_threads=None,
             )  # fmt: skip
             loop.console.quiet = True
             loop.fit(model, datamodule=dm)
@@ -222,7 +223,7 @@ def cohort_table(local_steps: int, repeats: int) -> Table:
             backend = timed(CohortBackend() if cohort else SequentialBackend())
             loop = FederatedLoop(
                 rounds=1, clients_per_round=k, local_steps=local_steps, accelerator="cpu", run_dir=run_dir,
-                progress_bar=False, plots=False, backend=backend,
+                progress_bar=False, plots=False, backend=backend, num_threads=None,
             )  # fmt: skip
             loop.console.quiet = True
             loop.fit(mlp(dm, hidden, momentum=0.9), datamodule=dm)

@@ -129,7 +129,7 @@ def run_loop(args, backend) -> tuple[float, float, dict]:
             rounds=args.rounds, clients_per_round=args.per_round, local_epochs=args.epochs,
             aggregator=FedAvg(weighting="uniform"), backend=backend, eval_every=args.eval_every,
             accelerator=args.accelerator, run_dir=run_dir, progress_bar=False, plots=False,
-            loggers=[marks], checkpoint_every=args.rounds,
+            loggers=[marks], checkpoint_every=args.rounds, num_threads=None,
         )  # fmt: skip
         loop.console.quiet = True
         loop.fit(model, datamodule=dm)

@@ -94,7 +94,7 @@ def train(run: Run, args: argparse.Namespace) -> list[tuple[int, float]]:
         loop = FederatedLoop(
             rounds=args.rounds, clients_per_round=args.per_round, local_epochs=args.local_epochs,
             aggregator=aggregator, seed=run.seed, eval_every=args.eval_every, run_dir=run_dir,
-            checkpoint_every=args.rounds, progress_bar=False,
+            checkpoint_every=args.rounds, progress_bar=False, num_threads=args.threads,
         )  # fmt: skip
         loop.console.quiet = True
         loop.fit(model, datamodule=dm)

@@ -83,6 +83,7 @@ def run(method: str, seed: int, args: argparse.Namespace) -> dict[str, float]:
             rounds=args.rounds, clients_per_round=5, local_epochs=args.local_epochs,
             aggregator=FedAvg(weighting="uniform"), seed=seed, run_dir=run_dir,
             checkpoint_every=args.rounds, progress_bar=False, plots=False,
+            num_threads=args.threads,
         )  # fmt: skip
         loop.console.quiet = True
         return loop.fit(model, datamodule=dm)

@@ -78,6 +78,7 @@ def run(method: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict
         rounds=args.rounds, clients_per_round=args.clients_per_round, local_epochs=args.local_epochs,
         aggregator=METHODS[method](), seed=seed, eval_every=args.rounds, checkpoint_every=args.rounds,
         run_dir=str(workdir / f"{method}-{seed}"), progress_bar=False, plots=False,
+        num_threads=args.threads,
     )  # fmt: skip
     loop.console.quiet = True
     metrics = loop.fit(model, datamodule=dm)

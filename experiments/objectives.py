@@ -95,6 +95,7 @@ def run(method: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict
         checkpoint_every=args.rounds,
         run_dir=str(workdir / f"{method}-{seed}"),
         progress_bar=False,
+        num_threads=args.threads,
     )
     loop.console.quiet = True
     metrics = loop.fit(model, datamodule=dm)

@@ -60,6 +60,19 @@ def run_cli(run_dir: Path, *args: str, config: str = "tiny.yaml") -> list[dict[s
         return list(csv.DictReader(handle))
 
 
+def cli_fails(
+    cli, capsys, run_dir: Path, *args: str, code: int = 1, config: str = "tiny.yaml"
+) -> str:
+    """Run ``fedlightning fit`` in-process (``cli``: :func:`run_cli`) expecting exit status
+    ``code`` and no traceback on stderr; return stderr's last line."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli(run_dir, *args, config=config)
+    assert exit_info.value.code == code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -1,19 +1,18 @@
-"""``loop.backend: auto`` chooses by measurement (issue 31 item 2): the cohort only where it
-applies and its measured step is clearly faster, both times printed in one line, the measurement
-cached and side-effect free, and a resumed run kept on its checkpoint's path. Timings are injected
-where a test asserts a choice: no test depends on this machine's speed."""
-
-import warnings
+"""``loop.backend: auto`` takes its device kind's path, never one a timing chose (issue 43 item 1,
+docs/algorithms.md section 9.3): the cohort only where it applies, the rule of the device type
+otherwise, printed in one line; a resume takes the path its checkpoint's last rounds took, also
+after a fallback to sequential fits mid-run; and the run summary says which path ran. The cohort
+path is exercised on the CPU by giving the CPU the accelerators' rule."""
 
 import pytest
 import torch
 
 from fedlightning import FedAvg, FederatedDataModule, FederatedLoop
-from fedlightning.backends import AutoBackend, CohortBackend, SequentialBackend
-from fedlightning.backends.auto import MARGIN
-from fedlightning.backends.auto_probe import Timing, measure
+from fedlightning.backends import AutoBackend, CohortBackend, SequentialBackend, auto
+from fedlightning.backends.cohort_checks import CohortRefusal
 from fedlightning.clients import ClientModule, ScaffoldClient
 from fedlightning.compute import Compute
+from fedlightning.protocol import FitConfig
 from objective_helpers import SYNTHETIC
 from test_cohort import Manual, Scheduled
 
@@ -35,21 +34,14 @@ def _fit(tmp_path, rounds=2, ckpt_path=None, **kwargs):
     return loop
 
 
+def _recorded_path(run_dir):
+    return torch.load(run_dir / "last.ckpt", weights_only=False)["identity"]["backend_results"]
+
+
 @pytest.fixture
-def timings(monkeypatch):
-    """``measure`` replaced: each call takes the next of the given timings and is counted."""
-    calls = []
-
-    def install(*given: Timing):
-        def fake(model, batch, clients, compute, capture=True):
-            calls.append(clients)
-            return given[len(calls) - 1]
-
-        monkeypatch.setattr("fedlightning.backends.auto.measure", fake)
-        monkeypatch.setattr("fedlightning.backends.auto._MEASURED", {})
-        return calls
-
-    return install
+def cohort_on_cpu(monkeypatch):
+    """The CPU given the accelerators' rule, so that ``auto`` takes the cohort here."""
+    monkeypatch.setitem(auto.RULE, "cpu", ("cohort", "the accelerators' rule, for this test"))
 
 
 @pytest.mark.parametrize(
@@ -61,107 +53,123 @@ def timings(monkeypatch):
     ],
 )
 def test_the_cohort_is_a_candidate_only_where_it_applies(make, candidate, reason, capsys):
-    from fedlightning.protocol import FitConfig
-
     backend = AutoBackend()
     backend.check(make(), FitConfig(accelerator="cpu"), Compute.resolve("cpu", "32-true"))
     assert type(backend.candidate) is candidate and reason in backend.reason
-    assert (backend.chosen is None) == (candidate is CohortBackend)  # measured at decide
+    assert (backend.chosen is None) == (candidate is CohortBackend)  # the rule decides later
     assert capsys.readouterr().err == ""  # said when the run starts
 
 
 @pytest.mark.parametrize(
-    ("cohort_ms", "chosen"),
+    ("device", "chosen", "reason"),
     [
-        (1.0, CohortBackend),
-        (4.9, CohortBackend),
-        (5.5, SequentialBackend),
-        (30.0, SequentialBackend),
+        ("cpu", SequentialBackend, "for the CPU"),
+        ("cuda", CohortBackend, "for an accelerator"),
+        ("mps", CohortBackend, "for an accelerator"),
     ],
 )
-def test_the_choice_is_the_measured_faster_path_by_a_clear_margin(
-    cohort_ms, chosen, tmp_path, timings, capsys
-):
-    """On the CPU the cohort must take at most half the sequential step's time."""
-    calls = timings(Timing(4, 10e-3, cohort_ms * 1e-3))
-    loop = _fit(tmp_path, rounds=1)
-    assert type(loop.backend.chosen) is chosen and calls == [4]
-    line = next(x for x in capsys.readouterr().err.splitlines() if "backend: auto chose" in x)
-    assert f"backend: auto chose {chosen.__name__}" in line
-    assert f"cohort {cohort_ms:.3g} ms, sequential 10 ms" in line
-    identity = torch.load(tmp_path / "last.ckpt", weights_only=False)["identity"]
-    assert identity["backend_results"] == ("cohort" if chosen is CohortBackend else "sequential")
+def test_the_device_type_decides_and_nothing_is_timed(device, chosen, reason, monkeypatch):
+    """The choice reads no clock: with every clock of the process broken, ``decide`` still
+    chooses, by the device type alone (a device object is all it reads of the compute)."""
+    from types import SimpleNamespace
+
+    def no_clock():
+        raise AssertionError("the backend choice read a clock")
+
+    for name in ("perf_counter", "monotonic", "time", "process_time", "thread_time"):
+        monkeypatch.setattr(f"time.{name}", no_clock)
+    backend, model = AutoBackend(), ScaffoldClient(**SYNTHETIC)
+    backend.check(model, FitConfig(accelerator="cpu"), Compute.resolve("cpu", "32-true"))
+    compute = SimpleNamespace(device=torch.device(device))
+    backend.decide(model, None, FitConfig(accelerator="cpu"), compute, 4)
+    assert type(backend.chosen) is chosen and reason in backend.reason
 
 
-def test_a_measurement_is_cached_for_the_process(tmp_path, timings):
-    calls = timings(Timing(4, 10e-3, 1e-3))
-    _fit(tmp_path / "a", rounds=1)
-    _fit(tmp_path / "b", rounds=1)
-    assert calls == [4]  # the same model, device, precision, batch shape and clients
+def test_a_cpu_run_takes_the_sequential_path_and_says_so(tmp_path, capsys):
+    loop = _fit(tmp_path, rounds=2)
+    assert type(loop.backend.chosen) is SequentialBackend
+    err = capsys.readouterr().err
+    assert (
+        "backend: auto chose SequentialBackend (the rule of docs/algorithms.md section 9.3 for the CPU)"
+        in err
+    )
+    assert _recorded_path(tmp_path) == "sequential"
+    summary = next(line for line in err.splitlines() if line.startswith("path: "))
+    assert summary.startswith("path: sequential fits in rounds 1-2 on cpu, 1 intra-op thread ")
+    assert "(AutoBackend: the rule of docs/algorithms.md section 9.3 for the CPU)" in summary
 
 
-def test_a_resume_keeps_the_checkpoints_path_whatever_the_measurement_says(tmp_path, timings):
-    calls = timings(Timing(4, 10e-3, 1e-3), Timing(4, 10e-3, 1e-3))
+def test_the_rules_cohort_is_bitwise_the_cohort_backend(tmp_path, cohort_on_cpu, capsys):
+    loop = _fit(tmp_path / "auto", rounds=2)
+    assert type(loop.backend.chosen) is CohortBackend and _recorded_path(tmp_path / "auto") == (
+        "cohort"
+    )
+    assert "path: cohort fits in rounds 1-2 on cpu" in capsys.readouterr().err
+    _fit(tmp_path / "named", rounds=2, backend=CohortBackend())
+    assert (tmp_path / "auto/global.pt").read_bytes() == (tmp_path / "named/global.pt").read_bytes()
+
+
+def test_a_resume_keeps_the_checkpoints_path_whatever_the_rule_says_now(tmp_path, monkeypatch):
+    monkeypatch.setitem(auto.RULE, "cpu", ("cohort", "an earlier rule"))
     straight = _fit(tmp_path / "straight", rounds=2)
-    assert isinstance(straight.backend.chosen, CohortBackend)
     _fit(tmp_path / "resumed", rounds=1)
-    timings(Timing(4, 1e-3, 10e-3))  # the cohort now measures slower: the resume ignores it
+    monkeypatch.setitem(auto.RULE, "cpu", ("sequential", "today's rule"))
     resumed = _fit(
         tmp_path / "resumed", rounds=2, ckpt_path=str(tmp_path / "resumed" / "last.ckpt")
     )
+    assert isinstance(straight.backend.chosen, CohortBackend)
     assert isinstance(resumed.backend.chosen, CohortBackend)
-    assert "resumed checkpoint" in resumed.backend.reason
+    assert resumed.backend.reason == "the path the resumed checkpoint's last rounds took"
     assert (tmp_path / "resumed" / "global.pt").read_bytes() == (
         tmp_path / "straight" / "global.pt"
     ).read_bytes()
-    assert len(calls) == 1
 
 
-def test_the_real_measurement_chooses_by_its_own_numbers_and_prints_them(tmp_path, capsys):
-    """No timing is asserted: the printed choice follows the printed numbers and the rule."""
-    loop = _fit(tmp_path, rounds=1)
-    line = next(x for x in capsys.readouterr().err.splitlines() if "backend: auto chose" in x)
-    cohort = float(line.split("cohort ")[1].split(" ms")[0])
-    sequential = float(line.split("sequential ")[1].split(" ms")[0])
-    margin = MARGIN["cpu"]
-    faster = cohort <= margin * sequential * (1 + 1e-2)  # the printed values are rounded
-    slower = cohort >= margin * sequential * (1 - 1e-2)
-    assert (faster and isinstance(loop.backend.chosen, CohortBackend)) or (
-        slower and isinstance(loop.backend.chosen, SequentialBackend)
+@pytest.fixture
+def cohort_refuses_round_3(monkeypatch, cohort_on_cpu):
+    """The cohort refuses the clients of round 3 (0-based 2) only, as it refuses per-client
+    parameters it finds when their round begins: ``auto`` falls back to sequential fits there."""
+    run = CohortBackend.run
+
+    def refusing(self, round_index, jobs):
+        if round_index == 2:
+            raise CohortRefusal("loop.backend=CohortBackend cannot train round 3 (this test)")
+        return run(self, round_index, jobs)
+
+    monkeypatch.setattr(CohortBackend, "run", refusing)
+
+
+def test_after_a_fallback_the_checkpoints_record_sequential_and_a_resume_takes_it(
+    tmp_path, cohort_refuses_round_3, capsys
+):
+    """Rounds 1-2 on the cohort, 3-4 sequential: a run resumed from round 3's checkpoint trains
+    round 4 sequentially (the cohort would round differently), byte for byte the straight run,
+    and both summaries name the rounds each path ran."""
+    straight = _fit(tmp_path / "straight", rounds=4)
+    err = capsys.readouterr().err
+    assert "backend: auto falls back to SequentialBackend (round 3 (this test))" in err
+    assert isinstance(straight.backend.chosen, SequentialBackend)
+    assert _recorded_path(tmp_path / "straight") == "sequential"
+    path = "path: cohort fits in rounds 1-2, sequential fits in rounds 3-4 on cpu"
+    assert path in err
+    _fit(tmp_path / "resumed", rounds=3)
+    assert _recorded_path(tmp_path / "resumed") == "sequential"
+    capsys.readouterr()
+    resumed = _fit(
+        tmp_path / "resumed", rounds=4, ckpt_path=str(tmp_path / "resumed" / "last.ckpt")
     )
-
-
-def test_the_probe_leaves_the_model_and_the_rng_as_they_were():
-    torch.manual_seed(0)
-    model = ClientModule(**SYNTHETIC, momentum=0.5)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    batch = (torch.randn(16, 6), torch.randint(0, 3, (16,)))
-    rng = torch.random.get_rng_state()
-    timing = measure(model, batch, 3, Compute.resolve("cpu", "32-true"))
-    assert timing.clients == 3 and timing.sequential > 0 and timing.cohort > 0
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-    assert torch.equal(rng, torch.random.get_rng_state())
-
-
-def test_vit_attention_is_batched_under_the_cohort():
-    """timm's ViT attention runs on scaled-dot-product attention's math kernel under the cohort,
-    which vmap batches: no per-client fallback loop (vmap warns when it falls back)."""
-    model = ClientModule(
-        network="vit_s8", network_kwargs={"embed_dim": 24, "num_heads": 3, "patch_size": 4},
-        num_classes=3, in_channels=1, image_size=8, lr=0.01,
-    )  # fmt: skip
-    batch = (torch.randn(4, 1, 8, 8), torch.randint(0, 3, (4,)))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        measure(model, batch, 2, Compute.resolve("cpu", "32-true"))
-    fallbacks = [w for w in caught if "batching rule" in str(w.message)]
-    assert not fallbacks, fallbacks[0].message
+    assert isinstance(resumed.backend.chosen, SequentialBackend)
+    assert resumed.backend.reason == "the path the resumed checkpoint's last rounds took"
+    assert path in capsys.readouterr().err  # the rounds before the resume included
+    assert (tmp_path / "resumed" / "global.pt").read_bytes() == (
+        tmp_path / "straight" / "global.pt"
+    ).read_bytes()
 
 
 def test_a_cohort_that_refuses_the_clients_at_their_round_falls_back_to_sequential(
-    tmp_path, timings, capsys
+    tmp_path, cohort_on_cpu, capsys
 ):
-    """FML with personal networks of two architectures measures faster on the cohort, which can
+    """FML with personal networks of two architectures, on the cohort by the rule, which can
     only tell at the round's begin_client that the clients differ: the run goes on sequentially,
     says so, and logs what a sequential run logs, bit for bit."""
     from conftest import run_cli
@@ -170,8 +178,7 @@ def test_a_cohort_that_refuses_the_clients_at_their_round_falls_back_to_sequenti
         "--model.init_args.personal_networks", "[mlp, lenet5]", "--loop.rounds", "2",
         "--loop.clients_per_round", "8", "--loop.plots", "false", "--loop.progress_bar", "false",
     )  # fmt: skip
-    timings(Timing(8, 10e-3, 1e-3))  # the cohort measures 10x faster
-    auto = run_cli(tmp_path / "auto", *options, config="fml_tiny.yaml")
+    auto_rows = run_cli(tmp_path / "auto", *options, config="fml_tiny.yaml")
     err = capsys.readouterr().err
     assert "backend: auto chose CohortBackend" in err
     assert "backend: auto falls back to SequentialBackend (" in err and "personal" in err, err
@@ -180,20 +187,19 @@ def test_a_cohort_that_refuses_the_clients_at_their_round_falls_back_to_sequenti
     )
     assert (tmp_path / "auto/global.pt").read_bytes() == (tmp_path / "seq/global.pt").read_bytes()
     drop = ("round_time_s", "time_to_target_s")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in auto] == [
+    assert [{k: v for k, v in r.items() if k not in drop} for r in auto_rows] == [
         {k: v for k, v in r.items() if k not in drop} for r in plain
     ]
 
 
 def test_a_client_that_fails_inside_the_cohort_fails_alone_after_a_fallback(
-    tmp_path, timings, capsys
+    tmp_path, cohort_on_cpu, capsys
 ):
     """A client's fit that raises inside the cohort would fail every client trained with it:
     auto goes on sequentially from that round, where the failure is that client's (the loop's
     failure policy counts one failed client and aggregates the others)."""
     from conftest import run_cli
 
-    timings(Timing(8, 10e-3, 1e-3))  # the cohort measures 10x faster
     rows = run_cli(
         tmp_path, "--model", "user_clients.FailsClientOne", "--loop.rounds", "2",
         "--loop.clients_per_round", "8", "--loop.plots", "false", "--loop.progress_bar", "false",

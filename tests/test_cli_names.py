@@ -38,6 +38,11 @@ CASES = {
         "loop.aggregator: no aggregator is called FedAvgg; the closest aggregators: FedAvg, "
         "FedAvgM (all: fedlightning list aggregators; yours: its class path)",
     ),
+    "a name in other case": (  # the exact match, case ignored, first (issue 38 item 3)
+        [*QUICKSTART, "--loop.aggregator", "fedavg"],
+        "loop.aggregator: no aggregator is called fedavg; the closest aggregators: FedAvg, "
+        "FedAvgM, ",
+    ),
     "unknown backend": (
         [*QUICKSTART, "--loop.backend", "Cohort"],
         "the closest backends: CohortBackend",

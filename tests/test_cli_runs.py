@@ -105,3 +105,22 @@ def test_seeds_on_ray_are_parallel_tasks_with_the_same_results(tmp_path, capsys)
     for seed in (0, 3):  # each ran sequentially inside its task: its config says so
         assert "SequentialBackend" in (base / f"seed_{seed}" / "config.yaml").read_text()
     _check_seeds(base, [0, 3], out, tmp_path)
+
+
+def test_seeds_png_is_titled_as_plot_titles_with_the_seeds(tmp_path, monkeypatch):
+    """``seeds.png``: the algorithm and setting, as ``fedlightning plot`` titles them, over the
+    seeds, not the run directory's name and a column's (issue 38 item 5)."""
+    from fedlightning.analysis import plots
+
+    drawn = []
+    save = plots.save
+    monkeypatch.setattr(
+        plots, "save", lambda fig, out, **kw: drawn.append((fig, out)) or save(fig, out)
+    )
+    _fit("--loop.rounds", "1", "--loop.run_dir", str(tmp_path / "sweep"), "--seeds", "0", "3")
+    (fig,) = [fig for fig, out in drawn if Path(out).name == "seeds.png"]
+    assert fig.axes[0].get_title() == (
+        "FedAvg · digits, Dirichlet (β = 1), 8 clients (mean ± std over seeds 0, 3)"
+    )
+    assert fig.axes[0].get_ylabel() == "Test accuracy"
+    assert (tmp_path / "sweep" / "seeds.png").read_bytes()[:4] == b"\x89PNG"

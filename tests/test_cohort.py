@@ -11,7 +11,7 @@ from fedlightning.clients import FML, MOON, ClientModule, FedNovaClient, FedProx
 from fedlightning.errors import ConfigurationError
 from fedlightning.server import FedCross, FedNova, Scaffold
 from objective_helpers import SYNTHETIC
-from user_clients import FedDynClient
+from user_clients import UserFedDynClient
 
 
 class Recorder:
@@ -109,7 +109,7 @@ CASES = {
     "clip-value": (lambda: ClientModule(**SYNTHETIC), FedAvg, {"gradient_clip_val": 0.01, "gradient_clip_algorithm": "value"}),
     "batchnorm": (lambda: ClientModule(network=WithBatchNorm(), num_classes=3, lr=0.1, momentum=0.5), FedAvg, {"local_epochs": 2}),
     "moon-batchnorm": (lambda: MOON(network=WithBatchNorm(), num_classes=3, projection_dim=4), FedAvg, {"local_epochs": 2}),
-    "feddyn-plugin-3-rounds": (lambda: FedDynClient(mu=0.1, **SYNTHETIC, momentum=0.5), FedAvg, {"local_epochs": 2, "rounds": 3}),
+    "feddyn-plugin-3-rounds": (lambda: UserFedDynClient(mu=0.1, **SYNTHETIC, momentum=0.5), FedAvg, {"local_epochs": 2, "rounds": 3}),
     "heterogeneous": (lambda: ClientModule(networks=["resnet10", "resnet14"], network_kwargs={"width": 4, "stem": "small"}, num_classes=3, in_channels=1, image_size=8, lr=0.05), FedAvg, {"sample_shape": (1, 8, 8), "partition": "iid", "rounds": 1}),
 }  # fmt: skip
 
@@ -363,3 +363,27 @@ def test_ray_backend_without_ray_says_how_to_install(monkeypatch):
 
     with pytest.raises(ConfigurationError, match=r"fedlightning\[ray\]"):
         _ray()
+
+
+def test_vit_attention_is_batched_under_the_cohort(tmp_path):
+    """timm's ViT attention runs on scaled-dot-product attention's math kernel under the cohort,
+    which vmap batches: no per-client fallback loop (vmap warns when it falls back)."""
+    import warnings
+
+    model = ClientModule(
+        network="vit_s8", network_kwargs={"embed_dim": 24, "num_heads": 3, "patch_size": 4},
+        num_classes=3, in_channels=1, image_size=8, lr=0.01,
+    )  # fmt: skip
+    data = FederatedDataModule(
+        dataset="synthetic", num_samples=32, num_test=8, num_classes=3, sample_shape=(1, 8, 8),
+        num_clients=2, partition="iid", batch_size=8,
+    )  # fmt: skip
+    loop = FederatedLoop(
+        rounds=1, clients_per_round=2, local_steps=2, aggregator=FedAvg(), backend=CohortBackend(),
+        run_dir=str(tmp_path), progress_bar=False, plots=False,
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.fit(model, datamodule=data)
+    fallbacks = [w for w in caught if "batching rule" in str(w.message)]
+    assert not fallbacks, fallbacks[0].message

@@ -117,7 +117,7 @@ def test_the_check_fails_on_a_wrong_number_or_a_wrong_title():
     for text in good:
         assert citations(words(text)) and problems(words(text), sections) == [], text
     bad = [
-        "docs/algorithms.md section 2.9",  # no such section
+        "docs/algorithms.md section 2.99",  # no such section
         "docs/algorithms.md sections 1.4 and 97",  # no section 97
         'docs/algorithms.md section 2.2, "Accumulation"',  # a title of section 2.1
         'docs/algorithms.md section 2.1, "Acumulation"',  # misspelt

@@ -53,7 +53,7 @@ def test_curves_have_readable_labels_and_a_title_naming_algorithm_data_and_parti
     assert fig._suptitle.get_text() == "FedProx · digits, Dirichlet (β = 0.5), 20 clients"
     assert (acc.get_xlabel(), acc.get_ylabel()) == ("Round", "Accuracy")
     assert labels_of(acc) == ["Test accuracy", "Validation accuracy (global model)"]
-    assert labels_of(loss) == ["Test loss", "Training loss"]
+    assert labels_of(loss) == ["Test loss", "Local training loss (mean over clients)"]
     assert traffic.get_xlabel() == "Communication (MB, sent + received)"
     np.testing.assert_allclose(traffic.get_lines()[0].get_xdata(), [4.0, 8.0, 12.0])  # MB
     assert all(float(t).is_integer() for t in acc.get_xticks())
@@ -191,3 +191,65 @@ def test_cka_tick_labels_stay_within_their_own_panel(tmp_path):
                 assert not any(box.overlaps(o) for box in tick_boxes(ax) for o in taken)
     assert [t.get_text() for t in panels[0].get_yticklabels()] == names
     assert not [t for t in panels[1].get_yticklabels() if t.get_visible() and t.get_text()]
+
+
+def _rows(rounds):
+    return [{"round": r, "test_acc": 0.5 + r / 1000, "train_loss": 1.0 / r} for r in rounds]
+
+
+@pytest.mark.parametrize(
+    ("rounds", "expected"),
+    [
+        (range(2, 31, 2), list(range(4, 29, 4))),  # eval_every 2: never 5, 10, 15 (issue 38)
+        ([*range(3, 61, 3), 61], list(range(6, 61, 6))),  # eval_every 3, 61 rounds: the last too
+        (range(1, 101), list(range(10, 101, 10))),
+        (range(5, 51, 5), list(range(5, 51, 5))),  # 10 evaluated rounds: each its tick
+        ([1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144], [1, 3, 8, 21, 55, 144]),  # irregular
+    ],
+)
+def test_round_ticks_fall_on_evaluated_rounds(rounds, expected, tmp_path):
+    write_run(tmp_path / "run", _rows(rounds), FEDPROX)
+    for ax in (curves_figure(tmp_path / "run").axes[0], runs_figure([tmp_path / "run"]).axes[0]):
+        assert list(ax.get_xticks()) == expected
+        low, high = ax.get_xlim()
+        assert set(expected) <= set(rounds) and low < min(rounds) and high > max(rounds)
+
+
+def _boxes(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)  # the constrained layout places the legend
+    (ax,), (legend,) = fig.axes, fig.legends
+    return ax.get_window_extent(renderer), legend.get_window_extent(renderer), fig.bbox
+
+
+@pytest.mark.parametrize("figsize", [(5, 3.2), (3.4, 2.6)])
+def test_a_small_figure_has_its_legend_below_the_axes(figsize, tmp_path):
+    """At a paper's sizes the legend sits under the axes, inside the figure, and the axes keep
+    most of the width (on the right the legend took about 45 % of it)."""
+    runs = []
+    for name in ("FedAvg", "FedCross", "FedProx"):
+        write_run(tmp_path / name, _rows(range(1, 21)), FEDPROX.replace("FedProx", name))
+        runs.append(tmp_path / name)
+    fig = runs_figure(runs, figsize=figsize)
+    axes, legend, page = _boxes(fig)
+    assert legend.y1 < axes.y0 and legend.y0 >= page.y0 and page.x0 <= legend.x0
+    assert legend.x1 <= page.x1 and axes.width > 0.75 * page.width
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["FedAvg", "FedCross", "FedProx"]
+
+
+def test_a_wide_figure_has_its_legend_right_of_the_axes(tmp_path):
+    write_run(tmp_path / "run", ROWS, FEDPROX)
+    axes, legend, page = _boxes(runs_figure([tmp_path / "run"], figsize=(9, 4.4)))
+    assert legend.x0 > axes.x1 and legend.x1 <= page.x1
+
+
+def test_a_long_title_is_broken_between_its_parts_to_fit_a_small_figure(tmp_path):
+    from fedlightning.analysis.axes_layout import fitted_title
+
+    title = "FedAvg · digits, Dirichlet (β = 0.5), 20 clients (mean ± std over seeds 0, 1, 2)"
+    assert fitted_title(title, 9) == title
+    assert fitted_title(title, 5) == title.replace(" (mean", "\n(mean")
+    for line in fitted_title(title, 3.4).splitlines():
+        assert len(line) <= 37 and line.count("(") == line.count(")")

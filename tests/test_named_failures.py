@@ -12,26 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import cli_fails
 from fedlightning.errors import ConfigurationError, StorageError
 from fedlightning.loop.reporting import Reporter
 from fedlightning.tracking import check_wandb_folders, wandb_writes
-
-
-def _fails(cli, capsys, run_dir, *args, code=1, config="tiny.yaml") -> str:
-    """Run the CLI, expect exit status ``code`` and no traceback; the last stderr line."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli(run_dir, *args, config=config)
-    assert exit_info.value.code == code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
 
 
 def test_a_server_update_returning_numpy_stops_after_the_last_good_checkpoint(
     cli, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
-    line = _fails(cli, capsys, run_dir, "--loop.rounds", "3", "--loop.aggregator",
+    line = cli_fails(cli, capsys, run_dir, "--loop.rounds", "3", "--loop.aggregator",
                   "user_clients.WrongServerUpdate", "--loop.aggregator.init_args.how", "numpy",
                   "--loop.aggregator.init_args.from_round", "2")  # fmt: skip
     assert re.fullmatch(
@@ -49,7 +40,7 @@ def test_an_aggregator_state_no_checkpoint_can_hold_is_named_before_the_first_ch
     cli, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
-    line = _fails(cli, capsys, run_dir, "--loop.aggregator", "user_clients.UnpicklableState")
+    line = cli_fails(cli, capsys, run_dir, "--loop.aggregator", "user_clients.UnpicklableState")
     assert line == (
         "fedlightning: stopped: UnpicklableState.state_dict()['guard'][0] cannot go into the "
         "checkpoint of round 1: it is a _thread.lock, which cannot be pickled (TypeError: cannot "
@@ -70,7 +61,7 @@ def test_a_run_directory_removed_under_a_live_run_is_named_as_such(
         shutil.rmtree(run_dir)  # another process, between two rounds
 
     monkeypatch.setattr(Reporter, "round_line", remove_after_round_1)
-    line = _fails(cli, capsys, run_dir, "--loop.rounds", "3")
+    line = cli_fails(cli, capsys, run_dir, "--loop.rounds", "3")
     assert line == (
         f"fedlightning: storage error: loop.run_dir={str(run_dir)!r} was removed while the run "
         "was running (by another process): the run's files there are gone; start the run again"
@@ -92,7 +83,7 @@ def test_a_full_disk_while_writing_client_state_says_so_naming_the_folder(
         return real(self, data)
 
     monkeypatch.setattr(Path, "write_bytes", full)
-    line = _fails(cli, capsys, run_dir, "--loop.client_state", "disk", "--loop.rounds", "2",
+    line = cli_fails(cli, capsys, run_dir, "--loop.client_state", "disk", "--loop.rounds", "2",
                   config="scaffold_tiny.yaml")  # fmt: skip
     assert re.fullmatch(
         rf"fedlightning: storage error: could not write client \d+'s state in "
@@ -100,7 +91,10 @@ def test_a_full_disk_while_writing_client_state_says_so_naming_the_folder(
         rf"\(.*client_state/\d+\.1\.[0-9a-f]{{16}}\.pt\)",
         line,
     ), line
-    assert [p.name for p in (run_dir / "client_state").iterdir()] == [".fedlightning.lock"]
+    assert {p.name for p in (run_dir / "client_state").iterdir()} == {
+        ".fedlightning.lock",
+        ".fedlightning.owner",
+    }
 
 
 def test_unwritable_wandb_folders_are_refused_at_start_up_naming_the_variable(
@@ -108,7 +102,7 @@ def test_unwritable_wandb_folders_are_refused_at_start_up_naming_the_variable(
 ):
     (tmp_path / "home").write_text("a file where a folder should be\n")
     monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "home" / "wandb"))
-    line = _fails(cli, capsys, tmp_path / "run", "--loop.wandb", "true", code=2)
+    line = cli_fails(cli, capsys, tmp_path / "run", "--loop.wandb", "true", code=2)
     assert line == (
         f"fedlightning: error: loop.wandb=true, but W&B cannot write "
         f"{str(tmp_path / 'home' / 'wandb' / 'artifacts' / 'staging')!r} "
@@ -160,3 +154,9 @@ def test_a_wandb_staging_write_failing_mid_run_names_wandbs_folder_not_the_run_d
         f"fedlightning: storage error: W&B could not write {str(data)!r}, its folder outside "
         "the run directory: Permission denied; set WANDB_DATA_DIR to a writable directory"
     )
+    import wandb
+
+    # The failed run's W&B run is finished, not left open: its transaction log is on disk and the
+    # process's next W&B run starts clean (before, the next run in the process wrote no log).
+    assert wandb.run is None
+    assert len(list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1

@@ -119,7 +119,8 @@ def test_plot_groups_seeds_into_mean_and_std(tmp_path, capsys):
     std = np.std([0.2, 0.4], ddof=1)
     assert np.isclose(band.min(), 0.3 - std) and np.isclose(band.max(), 0.5 + std)
     assert ax.get_title() and ax.get_xlabel() == "Round" and ax.get_ylabel() == "Test accuracy"
-    assert ax.get_legend() is not None
+    (legend,) = fig_calls[0].legends  # beside the axes, naming both lines
+    assert [text.get_text() for text in legend.get_texts()] == ["A (n = 2)", "B"]
     with pytest.raises(SystemExit) as exit_info:
         main(["plot", *runs, "--group-by", "nope", "-o", str(out)])
     assert exit_info.value.code == 2 and "--group-by 'nope'" in capsys.readouterr().err

@@ -1,6 +1,9 @@
-"""No third-party noise a user cannot act on, and the closing line stays one line."""
+"""No third-party noise a user cannot act on (no third-party warning from ``--fast_dev_run`` or
+``--seeds``: issue 38 item 3), and the closing line stays one line."""
 
 import logging
+import os
+import shlex
 import subprocess
 import sys
 import warnings
@@ -10,6 +13,8 @@ import pytest
 from rich.console import Console
 
 from fedlightning.loop.reporting import Reporter
+from stderr_noise import third_party_warnings
+from test_readme_commands import COMMANDS as README_COMMANDS
 
 ROOT = Path(__file__).parents[1]
 
@@ -72,3 +77,33 @@ def test_ray_start_is_quiet(cli, tmp_path, capfd):
     )  # fmt: skip
     err = capfd.readouterr().err
     assert "core_worker.cc" not in err and "Token authentication is enabled" not in err
+
+
+def _fedlightning(args: list[str], tmp_path) -> str:
+    """The stderr of ``fedlightning ARGS`` run as a user runs it (a process of its own, the
+    warnings filters Python starts with), from the repository root."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "fedlightning.cli", *args], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
+
+
+def test_fast_dev_run_prints_no_third_party_warning(tmp_path):
+    (command,) = [c for c in README_COMMANDS if "--fast_dev_run" in c]  # as the README has it
+    err = _fedlightning(shlex.split(command)[1:], tmp_path)
+    assert "round 1/1" in err and third_party_warnings(err) == [], err
+
+
+def test_seeds_print_no_third_party_warning(tmp_path):
+    """The README's ``--seeds 0 1 2`` command at one round, into a temporary run directory (it
+    was LightningCLI's warning about ``args`` and ``sys.argv``, once per seed and once more)."""
+    (command,) = [c for c in README_COMMANDS if "--seeds 0 1 2 --loop.run_dir runs/seeds" in c]
+    words = shlex.split(command)[1:]
+    words[words.index("--loop.rounds") + 1] = "1"
+    words[words.index("--loop.run_dir") + 1] = str(tmp_path / "seeds")
+    err = _fedlightning(words, tmp_path)
+    assert err.count("done: round 1/1") == 3 and third_party_warnings(err) == [], err
+    assert (tmp_path / "seeds" / "seeds.png").is_file()

@@ -13,7 +13,7 @@ default suite, run on its own) and the CPU benchmarks, which repeat their timing
 is run tiny by a test of its own: tests/test_startup_bench.py, test_scale_bench.py, test_flower.py). Long commands are shortened only with options the README
 documents for them (:data:`SHORTEN`; each must appear in the README). The Flower servers are
 started in the background as the README's one-host note says (127.0.0.1 for both machines) and
-stopped after the block.
+stopped after the block. No command may print a third-party warning (tests/stderr_noise.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from stderr_noise import third_party_warnings
+
 pytestmark = pytest.mark.slow  # the whole README but the CPU benchmarks (run by their own tests)
 
 ROOT = Path(__file__).parents[1]
@@ -40,6 +42,8 @@ README = (ROOT / "README.md").read_text()
 SKIP = {
     "make test": "the default test suite: `make test` runs it on its own (this test is part of "
     "the slow suite, `make test-all`)",
+    "make notebooks-open": "a JupyterLab server that runs until Ctrl-C; "
+    "tests/test_notebooks.py starts it as this target does and opens a notebook through it",
     "make notebooks": "every notebook at full size; tests/test_notebooks.py executes the same "
     "notebooks at tiny size",
     "fedlightning fit -c configs/quickstart.yaml --data.dataset huggingface": "needs Hugging "
@@ -74,6 +78,8 @@ SKIP = {
     "`--quick` with one repeat",
     ".venv/bin/python benchmarks/startup.py": "a benchmark; tests/test_startup_bench.py runs it "
     "for one round and one repeat",
+    ".venv/bin/python benchmarks/defaults.py": "a benchmark; tests/test_startup_bench.py runs it "
+    "on the quickstart for one round and one repeat",
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend "
     "--loop.backend.init_args.address 127.0.0.1:8000 --loop.backend.init_args.insecure true "
     "--loop.backend.init_args.secure_aggregation true": "needs the SuperLink and the two "
@@ -190,6 +196,7 @@ def test_the_readme_runs_top_to_bottom_after_make_demo(tmp_path):
     venvs = (sys.prefix, str(Path(sys.prefix).resolve()))
     env["PATH"] = os.pathsep.join(p for p in paths if not p.startswith(venvs))
     activated, ran, skipped = False, [], []
+    noise: list[str] = []  # third-party warnings a command printed (issue 38 item 3)
 
     def run(command: str) -> None:
         script = f"set -e\n{'source .venv/bin/activate' if activated else ''}\n{command}"
@@ -200,6 +207,7 @@ def test_the_readme_runs_top_to_bottom_after_make_demo(tmp_path):
         )  # fmt: skip
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
         ran.append((command, time.monotonic() - started, _children_cpu() - cpu))
+        noise.extend(f"{command}: {line}" for line in third_party_warnings(done.stderr))
 
     blocks = readme_blocks()
     assert blocks[0][:3] == ["make demo", "make test", "source .venv/bin/activate"]
@@ -254,3 +262,4 @@ def test_the_readme_runs_top_to_bottom_after_make_demo(tmp_path):
     for image in ("compare.png", "sweep.png"):
         assert (checkout / image).read_bytes()[:4] == b"\x89PNG"
     assert {c for c, _ in skipped} <= {c for block in blocks for c in block}
+    assert noise == [], "\n".join(noise)  # no third-party warning reaches the user

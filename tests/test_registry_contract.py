@@ -28,12 +28,12 @@ from fedlightning.errors import ConfigurationError
 from fedlightning.loop.pairing import pairing_refusal
 from user_clients import (
     AdamDeclaredCounter,
-    FedDynClient,
     FedDynReadingState,
     FedDynServer,
     MemoryInState,
     PerClientSmoothing,
     ServerNesterov,
+    UserFedDynClient,
 )
 
 #: a tiny ResNet, so that every rule (InCo's ResNet layer pairs, MOON's features) applies
@@ -46,7 +46,7 @@ AGGREGATORS = [
     getattr(server, n) for n in server.__all__ if not inspect.isabstract(getattr(server, n))
 ] + PLUGINS
 #: user-written objectives (tests/user_clients.py) with per-client round context of their own
-PLUGIN_OBJECTIVES = [FedDynClient, MemoryInState]
+PLUGIN_OBJECTIVES = [UserFedDynClient, MemoryInState]
 #: user-written objectives the cohort cannot train, and what its refusal names
 COHORT_REFUSALS = [(FedDynReadingState, "self.state"), (PerClientSmoothing, "self._smoothing")]
 

@@ -61,6 +61,8 @@ def _extras(aggregator, state):
             out[name] = {k: v * 0.01 for k, v in state.items() if v.is_floating_point()}
         elif name == "a":
             out[name] = 2.0
+        elif name == "cluster":  # IFCA: the cluster the client picked
+            out[name] = 1
         else:  # a new aggregator's extra: teach this test what a client uploads for it
             raise AssertionError(f"{type(aggregator).__name__} needs upload extra {name!r}")
     return out

@@ -1,6 +1,7 @@
 """The benchmarks that compare fedlightning with hand-written loops run as the README shows them
 (one short repeat) and print their interleaved tables: medians with their range, and the largest
-difference between the final models, which is 0 (both sides do the same work)."""
+difference between the final models, which is 0 (both sides do the same work); and the default
+path's benchmark (benchmarks/defaults.py: threads and backend, beside busy loops too)."""
 
 import re
 import subprocess
@@ -63,3 +64,20 @@ def test_cohort_benchmark_prints_interleaved_paths_and_the_hand_loop_matches_seq
     for path in ("sequential", "cohort", "by hand", "vmap by hand"):
         assert re.search(rf"{path}\s*│\s*{SPREAD}\s*│", out), out
     assert re.search(r"│\s*by hand\s*│.*│\s*0\.0e\+00\s*│", out), out  # the same arithmetic
+
+
+@pytest.mark.slow  # six short runs, two of them beside a busy loop
+def test_defaults_benchmark_prints_both_tables_and_the_same_bits_under_load():
+    out = _run(
+        "benchmarks/defaults.py", "--configs", "quickstart", "--rounds", "1", "--repeats", "1",
+        "--warmup", "0", "--many", "2", "--load", "1", "--loop.clients_per_round", "2",
+    )  # fmt: skip
+    rows = re.findall(
+        rf"quickstart\s*│\s*(as it is|\+1 busy loops)\s*│[^│]*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│\s*{SPREAD}",
+        out,
+    )  # fmt: skip
+    assert [row[0] for row in rows] == ["as it is", "+1 busy loops"], out
+    assert all(float(value) > 0 for row in rows for value in row[1:]), out
+    assert "1 thread, load: same" in out, out  # one thread: the same bytes beside a busy loop
+    row = re.search(rf"quickstart\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│", out)
+    assert row and all(float(value) > 0 for value in row.groups()), out  # the backend table

@@ -2,12 +2,15 @@
 ``global.pt`` of short runs of the shipped configs, through the CLI as a user runs them, is byte
 for byte the file the code before the change wrote (sha256 recorded from that code on the CPU, with
 ``--loop.rounds 2 --loop.plots false``), re-recorded under the suite's pinned CPU kernel family
-(tests/pinned_kernels.py) so that they hold on AVX2 and AVX-512 machines alike: ``python
-tests/test_statistic_bitwise.py`` prints them. The cheap ones run by default, the rest are ``slow``.
+(tests/pinned_kernels.py) so that they hold on AVX2 and AVX-512 machines alike, and again at the
+default of one intra-op thread per client fit (issue 38 item 2: before, the CLI ran torch's one
+thread per core, so these hashes held only on machines of the recording one's core count): ``python
+tests/test_statistic_bitwise.py`` prints them. The runs leave ``OMP_NUM_THREADS`` unset, so they
+check that the default holds whatever threads the process has. The cheap ones run by default, the
+rest are ``slow``.
 
-The backend is named, not measured: that code's ``auto`` ran the sequential path on the CPU,
-today's times both paths and may take the cohort (which rounds differently, docs/algorithms.md
-sections 9.2, 9.3), so an unnamed backend would make the hash depend on the machine's speed."""
+The backend is named: these hashes pin the sequential path, which ``auto`` takes on the CPU by
+its rule today (docs/algorithms.md section 9.3), whatever that rule becomes."""
 
 from __future__ import annotations
 
@@ -33,31 +36,31 @@ RECORDED_UNDER = {
 #: name -> (CLI arguments, sha256 of global.pt before the statistic was injected)
 RUNS = {
     "krum": (BYZANTINE,
-             "45aaa1ebcc7b86f9dc53614d3c3eae0f46ecc00355d0841338b38a5ce2c893a4"),
+             "6a9b111050880fd03c30e796aa106d11f827eb5737026b34ae13ddbbeab6c690"),
     "multi_krum": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.MultiKrum"],
-                   "552229be0b727beef4c214deb20050443c2b38039a29f77182adb85a1da696df"),
+                   "34b568d12774944975968217265e9ae50c5013e776276bc9f13baa2078925efa"),
     "median": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.FedAvg",
                 "--loop.aggregator.init_args.aggregation", "median"],
-               "7fa831cd7bcf9871b8134ab53ece7c50056bcf11ffbb8982b6f506e3bd0c1621"),
+               "37b421fdaedfb0c6597fe83c42df8a937a85c19587256f47e630cc085b89eae9"),
     "centered_clipping": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.CenteredClipping"],
-                          "d4334a4d32cffffb43134f654e89491fc5b6e814def04002da245334f6087f1e"),
+                          "950f7a0dc229d17fdf637586002438ac3e2e645e29be75af851a0e8768691dfb"),
     "trimmed_mean": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.FedAvg",
                       "--loop.aggregator.init_args.aggregation", "trimmed_mean",
                       "--loop.aggregator.init_args.trim_beta", "0.2"],
-                     "0e5a5f5cfc52398bafcf738b926ee0fb88229055e68a2c4bc0a927ae14857685"),
+                     "20150f506d33ba54ff5574aa1328a13d1c2830d935fddbc761ff2e95027895cb"),
     "geometric_median": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.GeometricMedian"],
-                         "64262d14c9712eb8ff7808dabb2168a6339c13a73472be2a38112a4a0c5f8560"),
+                         "f5cc7e45d9a49a070d59dd5c70be885a51183601c7eaf7cbf652f8946ab2e475"),
     "norm_bound": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.NormBound"],
-                   "a88ac091706b886d7e647ef5cefcac8ee29076c0aa6d27eb4b1bfd8357fba4b7"),
+                   "60f81f13ae9eca6c31df0e78532ac037b4b4e30d61229d33a360ff911590a037"),
     "mean": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.FedAvg"],
-             "4885e78b6ea3175933fe190a2c6c735ba604b6dfe698a32023e7365421f61c48"),
+             "7c54e3ebb1d7ca098f74985c3b74389ca045b89db2c4e53cff869c5043593373"),
     "fedadam_median": ([*BYZANTINE, AGGREGATOR, "fedlightning.server.FedAdam",
                         "--loop.aggregator.init_args.aggregation", "median"],
-                       "d7d2df391e1eac4bc585752e0a08bdbd9b2b0028fae3f68cf829bf9933e9e89c"),
+                       "1a3ff14e6da171c799c6bb8824a74789d4b07c1005394e85236fa62a5b79aaa5"),
     "dp_fedavg": (["--config", "configs/dp_fedavg.yaml"],
-                  "ebf3528d3800fe2c95f56a6f56772906cfaa05f01eeb83e7086dec23b5496d28"),
+                  "e8cb9ce7239505569fd7bc0a19126f22de8fc1770579e6100d3ceaf65b4c8b20"),
     "fedavg": (["--config", "configs/fedavg.yaml"],
-               "4a3a142a9551d3eeccdf143e640019a71ba5572c8172f2990de8d92f41c958d4"),
+               "e927ada2437446925eaf7814665d51279bde92c96e8397c4f430287703c5ed3b"),
 }  # fmt: skip
 DEFAULT = ("krum", "median", "centered_clipping")
 
@@ -65,7 +68,7 @@ DEFAULT = ("krum", "median", "centered_clipping")
 def global_hash(tmp_path: Path, args: list[str]) -> str:
     run_dir = tmp_path / "run"
     env = {**os.environ, **KERNELS, "PYTHONPATH": str(ROOT / "src")}
-    env.pop("OMP_NUM_THREADS", None)  # as the hashes were recorded: the CLI's own threads
+    env.pop("OMP_NUM_THREADS", None)  # torch's one thread per core: the default overrides it
     subprocess.run(
         [sys.executable, "-m", "fedlightning.cli", "fit", *args, *SEQUENTIAL, "--loop.rounds", "2",
          "--loop.plots", "false", "--loop.run_dir", str(run_dir)],

@@ -4,12 +4,16 @@
 import os
 import signal
 import threading
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from fedlightning.clients import ClientModule, FedProx, ScaffoldClient
+from fedlightning.protocol import StateDict
 from fedlightning.server import FedAvg
+from fedlightning.server.functional import owner_average
+from fedlightning.server.statistics import Statistic, StatisticContext
 
 
 class CrashAndNaN:
@@ -131,7 +135,7 @@ class FailsEveryOtherRound(ClientModule):
             raise (ValueError if client_id % 2 else KeyError)(f"flaky client {client_id}")
 
 
-class FedDynClient(FedProx):
+class UserFedDynClient(FedProx):
     """FedDyn's client (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR
     2021, arXiv:2111.04263) as a user writes it on FedProx, with no declaration for the cohort
     backend: ``loss = CE - <g_i, w> + (mu / 2) ||w - w_t||^2``, where the per-client ``g_i`` comes
@@ -157,7 +161,7 @@ class FedDynClient(FedProx):
         return weights, extras, {**state, "g": g}
 
 
-class FedDynReadingState(FedDynClient):
+class FedDynReadingState(UserFedDynClient):
     """The same objective reading ``g_i`` from ``self.state`` inside ``local_loss``: trains
     sequentially, refused by the cohort backend naming ``state``."""
 
@@ -426,7 +430,46 @@ class FedDynServer(FedAvg):
         return new
 
 
-class FedDynPaired(FedDynClient):
+class FedDynPaired(UserFedDynClient):
     """FedDyn's client naming the server it needs."""
 
     required_aggregator = frozenset({"FedDynServer"})
+
+
+# -- extension contracts that fail in one line (issue 43 item 5) ---------------------------------
+class WrongStatistic(Statistic):
+    """A statistic returning the owner-aware mean with, for its first floating key, what the
+    server cannot take (``how``): ``numpy`` (a numpy array), ``missing`` (the key left out: that
+    layer would never train), ``shape`` (flattened), ``extra`` (a key the model does not have)."""
+
+    def __init__(self, how: str = "numpy") -> None:
+        self.how = how
+
+    def combine(
+        self, uploads: Sequence[StateDict], weights: Sequence[float], context: StatisticContext
+    ) -> StateDict:
+        mean = owner_average(context.model, uploads, weights)
+        key = next(k for k, v in mean.items() if v.is_floating_point())
+        if self.how == "missing":
+            del mean[key]
+        elif self.how == "extra":
+            mean["extra.weight"] = mean[key]
+        else:
+            mean[key] = mean[key].cpu().numpy() if self.how == "numpy" else mean[key].flatten()
+        return mean
+
+
+class RaisesInLoss(ClientModule):
+    """An objective whose loss raises (a bug in the plug-in): every client's fit fails."""
+
+    def local_loss(self, batch):
+        raise ValueError("no class weights for this batch")
+
+
+class HoldsALock(ClientModule):
+    """An objective holding a lock in a dict attribute, which cannot be pickled to Ray's
+    workers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.cache = {"guard": threading.Lock()}

@@ -114,7 +114,6 @@ def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
     options = cli_runs.run_options(argv)  # --seeds, --fast_dev_run
     if "--print_config" in argv:  # with =flags: jsonargparse's
         rest = [a for a in options.args if a != "--print_config"]
-        sys.argv = sys.argv[:1]  # the arguments are `rest` (LightningCLI warns about both)
         cli_fit.fit_command(rest, print_config=True)
     elif options.plain:
         cli_fit.fit_command(args, grid=grid)

@@ -54,11 +54,18 @@ _OBJECTIVES = _classes("fedlightning.clients", {
     "FedNovaClient": "local SGD that reports its normalising factor; pairs with FedNova",
     "FML": "federated mutual learning: a shared meme model and a personal model per client",
     "WorkerMomentum": "uploads w - m_i, the client's momentum of its updates (beta); for CenteredClipping",
+    "FedDynClient": "cross-entropy - <g_i, w> + (alpha/2) ||w - w_dispatched||^2; pairs with FedDyn",
+    "IFCAClient": "trains the cluster model with the lowest loss on its data; pairs with IFCA",
 })  # fmt: skip
 _AGGREGATORS = _classes("fedlightning.server", {
     "FedAvg": "weighted mean of the uploads, per key over its owners (median, trimmed_mean, clip_norm)",
     "FedAvgM": "FedAvg with server momentum (server_lr, server_momentum)",
     "FedAdam": "FedAvg with an Adam server step (server_lr, beta1, beta2, tau)",
+    "FedYogi": "FedAvg with a Yogi server step (server_lr, beta1, beta2, tau)",
+    "FedAdagrad": "FedAvg with an Adagrad server step (server_lr, beta1, tau)",
+    "FedDyn": "the FedDyn server: h and the corrected mean (alpha); pairs with FedDynClient",
+    "IFCA": "k cluster models, each client trains the one it fits best (num_clusters, update)",
+    "ClusteredFL": "CFL: clusters split by the cosine similarity of their updates (eps1, eps2)",
     "FedCross": "K middleware models, each trained by one client a round, cross-aggregated",
     "FedNova": "normalised averaging of FedNovaClient updates",
     "Scaffold": "the SCAFFOLD server: model mean and control variates; pairs with ScaffoldClient",
@@ -79,7 +86,7 @@ _ATTACKS = _classes("fedlightning.attacks", {
     "InnerProductManipulation": "malicious uploads w - epsilon * the honest mean update (Xie et al.)",
 })  # fmt: skip
 _BACKENDS = _classes("fedlightning.backends", {
-    "AutoBackend": "the default: CohortBackend or SequentialBackend, chosen per run (it says why)",
+    "AutoBackend": "the default: sequential fits on the CPU, the cohort on a GPU (it says why)",
     "SequentialBackend": "one client fit after another",
     "CohortBackend": "every sampled client at once with torch.func.vmap",
     "RayBackend": "long-lived Ray actors on this machine or a cluster; the ray extra",

@@ -54,7 +54,7 @@ def check_config_files(argv: Sequence[str]) -> None:
     the YAML files with the closest names in its folder), is not readable UTF-8 text (the
     parsers would fail with a UnicodeDecodeError traceback), or whose YAML gives a key twice in
     one mapping (:func:`fedlightning.config_checks.check_yaml_keys`)."""
-    for flag, path in _config_arguments(argv):
+    for flag, path in config_arguments(argv):
         file = Path(path)
         try:
             if not file.exists():
@@ -92,7 +92,7 @@ GROUPS = ("--loop", "--model", "--data")
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-def _config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
+def config_arguments(argv: Sequence[str]) -> list[tuple[str, str]]:
     """``(option, path)`` of each ``-c/--config`` file, and of each existing file given as an
     option's value that the parser reads as options: a group's (``--loop FILE``) or a YAML/JSON
     file of a nested option (``--loop.aggregator agg.yaml``)."""

@@ -12,6 +12,8 @@ Lightning).
 from __future__ import annotations
 
 import importlib
+import sys
+import warnings
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ from fedlightning.run_config import plain
 
 #: the model's sizes, linked from the data module
 LINKED_SIZES = ("num_classes", "in_channels", "image_size")
+#: the start of LightningCLI's warning that ``args`` and ``sys.argv`` both hold arguments
+ARGS_AND_ARGV_WARNING = "LightningCLI's args parameter is intended"
 
 
 class FederatedCLI(LightningCLI):
@@ -98,10 +102,16 @@ class FederatedCLI(LightningCLI):
         (LightningCLI reads the file next, and a truncated or garbage file must be a one-line
         error, not its traceback)."""
         try:
-            super().parse_arguments(parser, args)
+            with warnings.catch_warnings():
+                # LightningCLI warns when `args` and sys.argv both hold arguments; the command
+                # always passes what it made of sys.argv (a seed's, a fast_dev_run's arguments)
+                warnings.filterwarnings("ignore", message=ARGS_AND_ARGV_WARNING)
+                super().parse_arguments(parser, args)
         except ArgumentError as error:
             options = [key for each in self.parsers for key in each.get_defaults().keys()]
-            raise ConfigurationError(parse_error_line(str(error), options)) from None
+            given = sys.argv[1:] if args is None else args
+            given = given if isinstance(given, list) else []  # not a dict or Namespace
+            raise ConfigurationError(parse_error_line(str(error), options, given)) from None
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path:

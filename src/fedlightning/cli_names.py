@@ -9,9 +9,14 @@ and what fits there, from :mod:`fedlightning.cli_catalog`:
   names of the right kind; an unknown name or class path names the closest ones;
 - an option the chosen class does not take names the classes of its kind that take it, or else
   the class's closest options;
-- an unrecognized option names the closest options; a value outside a fixed set of choices names
-  the choices and the closest one;
+- an unrecognized option names the closest options; a key of a config file that no option has
+  names the first part of it that is wrong and the closest names in its place
+  (``loop takes no option local_epoch; the closest: local_epochs``); a value outside a fixed set
+  of choices names the choices and the closest one;
 - anything else is jsonargparse's own report, folded onto one line.
+
+A mistake in a config file starts with the file and the line of the key
+(:func:`fedlightning.cli_names.key_location`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from fedlightning.cli_catalog import Kind, kind_of_base, kinds_of
+from fedlightning.cli_errors import config_arguments
 from fedlightning.errors import closest, did_you_mean
 
 _KEY = re.compile(r'Parser key "([^"]+)":')
@@ -38,6 +46,8 @@ _BASE = re.compile(r"Subtypes: \[(?:<class '|list\[)([\w.]+)")
 _EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)")
 _LITERAL = re.compile(r"typing\.Literal\[(.*)\]")
 _CLASS = re.compile(r"<class '([\w.]+)'>")
+#: a config file's key that no option has (jsonargparse names it in full: ``lop.rounds``)
+_NOT_IN_PARSER = re.compile(r"Subcommand '[\w-]+' does not accept option '([^']+)'")
 #: lines of jsonargparse's report that say nothing about this mistake
 _NOISE = re.compile(
     r"Subtypes:|Errors:|Given value type:|Does not validate against any of the Union|"
@@ -45,9 +55,29 @@ _NOISE = re.compile(
 )
 
 
-def parse_error_line(message: str, options: Sequence[str] = ()) -> str:
+def parse_error_line(message: str, options: Sequence[str] = (), given: Sequence[str] = ()) -> str:
     """One line for jsonargparse's parse error ``message``; ``options``: the parser's option
-    names (``loop.rounds``...), for an unrecognized one."""
+    names (``loop.rounds``...), for an unrecognized one; ``given``: the command's arguments,
+    whose config files (``-c FILE``) are searched for the key, in order, unless the command line
+    gives it: a key found in one is named with its file and line."""
+    if unknown := _NOT_IN_PARSER.search(message):
+        key, explained = _unknown_key(unknown[1], options)
+    else:
+        key, explained = _mistaken_key(message), _explain(message, options)
+    files = [path for _, path in config_arguments(given)]
+    where = key_location(key, files) if key and not _on_command_line(key, given) else None
+    return f"{where[0]}, line {where[1]}: {explained}" if where else explained
+
+
+def _mistaken_key(message: str) -> str | None:
+    """The dotted key the parse error ``message`` is about (``model.init_args.lrr``), if any."""
+    key = ".init_args.".join(_KEY.findall(message))
+    if not_accepted := _NOT_ACCEPTED.search(message):
+        return f"{key}.init_args.{not_accepted[2]}"
+    return key or None
+
+
+def _explain(message: str, options: Sequence[str]) -> str:
     keys = _KEY.findall(message)
     key = ".init_args.".join(keys)  # a nested key is inside the class of the key before it
     base = _BASE.findall(message)
@@ -78,6 +108,63 @@ def parse_error_line(message: str, options: Sequence[str] = ()) -> str:
         return f"{key}={value!r} is not allowed: {allowed}"
     lines = [_KEY.sub(r"\1:", line).strip().lstrip("- ") for line in message.splitlines()]
     return " ".join(line for line in lines if line and not _NOISE.match(line))
+
+
+def _unknown_key(key: str, options: Sequence[str]) -> tuple[str, str]:
+    """The first part of the dotted ``key`` that no option in ``options`` has (``loop.local_epoch``
+    of ``loop.local_epoch``, ``lop`` of ``lop.rounds``) and the line that names it and the closest
+    names the part before it takes."""
+    parts = key.split(".")
+    names = [option.split(".") for option in options if option not in ("config", "subcommand")]
+    depth = 0
+    while depth < len(parts) and any(name[: depth + 1] == parts[: depth + 1] for name in names):
+        depth += 1
+    if depth == len(parts):  # every part is known: jsonargparse's words are all there is
+        return key, f"{key}: this key is not accepted here (fedlightning fit --help lists them)"
+    parent, wrong = parts[:depth], parts[depth]
+    taken = list(dict.fromkeys(n[depth] for n in names if n[:depth] == parent and len(n) > depth))
+    owner = f"{'.'.join(parent)} takes no option" if parent else "no group or option is called"
+    bad = ".".join(parts[: depth + 1])
+    hint = did_you_mean(wrong, taken)
+    return bad, f"{bad}: {owner} {wrong}{hint} (fedlightning fit --help lists them)"
+
+
+def _on_command_line(key: str, given: Sequence[str]) -> bool:
+    """Whether the arguments ``given`` set ``key`` or a key above it (``--model`` for
+    ``model.init_args.lr``); ``init_args`` parts are ignored, as the parser allows."""
+    parts = [part for part in key.split(".") if part != "init_args"]
+    for word in given:
+        name = word[2:].split("=", 1)[0] if word.startswith("--") else ""
+        named = [part for part in name.rstrip("+").split(".") if part != "init_args"]
+        if named and named == parts[: len(named)]:
+            return True
+    return False
+
+
+def key_location(key: str, files: Sequence[str]) -> tuple[str, int] | None:
+    """``(file, line)`` of the dotted ``key`` in the first of the YAML ``files`` that gives it
+    (an ``init_args`` part may be left out in the file, as the parser allows), or None."""
+    for file in files:
+        try:
+            root = yaml.compose(Path(file).read_text(), Loader=yaml.SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        line = _line_of(root, key.split("."))
+        if line is not None:
+            return file, line
+    return None
+
+
+def _line_of(node: yaml.Node | None, parts: list[str]) -> int | None:
+    """The 1-based line of the key ``parts`` under the YAML ``node``."""
+    if not parts or not isinstance(node, yaml.MappingNode):
+        return None
+    for key, value in node.value:
+        if isinstance(key, yaml.ScalarNode) and key.value == parts[0]:
+            return key.start_mark.line + 1 if len(parts) == 1 else _line_of(value, parts[1:])
+    if parts[0] == "init_args":  # `model: {class_path: ..., lr: 0.1}` gives init_args unnamed
+        return _line_of(node, parts[1:])
+    return None
 
 
 def _misplaced(name: str, kind: Kind | None) -> str | None:

@@ -12,9 +12,10 @@ It answers "does this config run?" in seconds.
 initialisation and the partition) into ``<run_dir>/seed_<S>``, then prints one line with the
 mean ± sample standard deviation (ddof 1) of the last evaluated headline over the seeds (a
 single seed prints its value alone), and draws ``<run_dir>/seeds.png`` (the mean with a band of
-± one standard deviation per round, :func:`fedlightning.analysis.plots.plot_runs`) unless
-``loop.plots`` is false. The headline is ``test_acc``, or ``group_mean_acc`` for a config with
-client groups, followed by each group's model's mean ± std (:mod:`fedlightning.loop.headline`). The seeds run one after another, each with the config's backend; with
+± one standard deviation per round, :func:`fedlightning.analysis.plots.plot_runs`, titled as
+``fedlightning plot`` titles, over the seeds) unless ``loop.plots`` is false. The headline is
+``test_acc``, or ``group_mean_acc`` for a config with client groups, followed by each group's
+model's mean ± std (:mod:`fedlightning.loop.headline`). The seeds run one after another, each with the config's backend; with
 ``RayBackend`` they run in parallel as Ray tasks instead (each holding the backend's
 ``num_cpus_per_client`` and ``num_gpus_per_client``), each seed's clients fitting one after another
 inside its task (``SequentialBackend``, which gives RayBackend's results bit for bit), so a cluster
@@ -164,14 +165,14 @@ def run_seeds(args: list[str], seeds: list[int]) -> None:
     finished()  # every seed's files are complete: a signal changes nothing from now on
     print(summary_line(runs))
     if plan.plots:
-        from fedlightning.analysis.plots import plot_runs
+        from fedlightning.analysis.plots import default_title, plot_runs
 
         listed = ", ".join(str(run.seed) for run in runs)
-        metric = _metric(runs)
+        run_dirs = [Path(run.run_dir) for run in runs]  # titled as `fedlightning plot` titles
+        title = default_title(run_dirs, len(runs) > 1, over=f"seeds {listed}")
         out = plot_runs(
-            [run.run_dir for run in runs], metric, plan.base / "seeds.png", "loop.aggregator",
-            title=f"{plan.base.name}: {metric} over seeds {listed} (mean ± std)",
-        )  # fmt: skip
+            run_dirs, _metric(runs), plan.base / "seeds.png", "loop.aggregator", title=title
+        )
         print(f"wrote {out}")
 
 

@@ -22,11 +22,12 @@ def require(ok: bool, option: str, value: object, allowed: str) -> None:
 
 
 def closest(name: str, choices: Sequence[str], n: int = 3) -> list[str]:
-    """The ``n`` choices closest to ``name``, case ignored: those it begins, then by difflib's
-    ratio (at least 0.6)."""
+    """The ``n`` choices closest to ``name``, case ignored: the one it spells in other case
+    (``fedavg``: ``FedAvg``), then those it begins, then by difflib's ratio (at least 0.6)."""
     lowered = {choice.lower(): choice for choice in choices}
     key = name.lower()
-    near = [c for c in lowered if c.startswith(key) and c != key]
+    near = [key] if key in lowered else []
+    near += [c for c in lowered if c.startswith(key) and c != key]
     near += difflib.get_close_matches(key, list(lowered), n, 0.6)
     return [lowered[c] for c in dict.fromkeys(near)][:n]
 

@@ -24,9 +24,11 @@ LABELS: dict[str, str] = {
     "val_acc_std": "Validation accuracy, std over clients",
     "val_acc_min": "Validation accuracy, worst client",
     "val_acc_worst10": "Validation accuracy, worst 10% of clients",
-    "train_loss": "Training loss",
+    # the clients' own loss in their local fits (the objective's, e.g. with FedProx's term),
+    # averaged over the round's clients: not the global model's loss on training data
+    "train_loss": "Local training loss (mean over clients)",
     "personal_acc": "Validation accuracy (personal models)",
-    "personal_train_loss": "Personal-model training loss",
+    "personal_train_loss": "Personal models' local training loss",
     "adaptor_acc": "Adaptor accuracy",
     "group_mean_acc": "Mean test accuracy over architectures",
     "clients_failed": "Failed clients",

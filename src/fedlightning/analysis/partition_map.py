@@ -52,7 +52,8 @@ def binned_rows(table: np.ndarray, max_rows: int) -> tuple[np.ndarray, int]:
 def partition_figure(table: np.ndarray, title: str = "Partition", max_rows: int = 100):
     """The figure: the heat map (left) and the label-entropy histogram (right) of a clients x
     classes table of sample counts (a Figure outside pyplot: nothing to close)."""
-    from fedlightning.analysis.plots import figure, integer_axis
+    from fedlightning.analysis.axes_layout import integer_axis
+    from fedlightning.analysis.plots import figure
 
     table = np.asarray(table)
     clients, classes = table.shape

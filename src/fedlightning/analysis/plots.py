@@ -15,6 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from fedlightning.analysis.axes_layout import (
+    fitted_title,
+    legend_below,
+    place_legend,
+    round_axis,
+)
 from fedlightning.analysis.labels import axis, describe_run, label
 from fedlightning.analysis.run_inputs import PlotInputError, config_value, read_metrics
 
@@ -41,33 +47,6 @@ def save(fig, out: str | Path, dpi: int = 110, **kwargs) -> Path:
     with matplotlib.rc_context(VECTOR_TEXT):
         fig.savefig(out, dpi=dpi, **kwargs)
     return Path(out)
-
-
-def integer_axis(axis) -> None:
-    """Ticks at integers only (rounds, clients, classes are counts)."""
-    from matplotlib.ticker import MaxNLocator
-
-    axis.set_major_locator(MaxNLocator(integer=True))
-
-
-def round_axis(ax, rounds: np.ndarray, label: str = "Round") -> None:
-    """Integer ticks over the evaluated rounds, with limits that never fall inside a round
-    (one evaluated round no longer spans 1.9-2.1)."""
-    rounds = rounds[np.isfinite(rounds)]
-    ax.set_xlabel(label)
-    integer_axis(ax.xaxis)
-    if rounds.size == 0:
-        return
-    low, high = float(rounds.min()), float(rounds.max())
-    if len(np.unique(rounds)) <= 12:
-        ax.set_xticks(np.unique(rounds))
-    pad = max(0.5, 0.03 * (high - low))
-    ax.set_xlim(low - pad, high + pad)
-
-
-def _legend_below(ax) -> None:
-    if ax.lines:  # in the strip reserved below the axes, never over a line
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=2, frameon=False)
 
 
 def plot_curves(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -125,7 +104,7 @@ def curves_figure(run_dir: str | Path):
         )  # fmt: skip
     for ax in axes:
         ax.grid(alpha=0.3)
-        _legend_below(ax)
+        legend_below(ax)
     description = describe_run(run_dir)
     fig.suptitle(description.title() if description else Path(run_dir).name)
     fig.subplots_adjust(left=0.07, right=0.98, top=0.86, bottom=0.26, wspace=0.22)
@@ -169,9 +148,10 @@ def group_runs(run_dirs: Sequence[str | Path], group_by: str | None) -> dict[str
     return groups
 
 
-def default_title(run_dirs: Sequence[Path], spread: bool) -> str:
+def default_title(run_dirs: Sequence[Path], spread: bool, over: str = "runs") -> str:
     """What the runs have in common: their algorithm where it is one, the data set, partition and
-    clients where those are one; ``mean ± std over runs`` when lines average several runs."""
+    clients where those are one; ``mean ± std over runs`` when lines average several runs
+    (``over``: what they are, e.g. ``seeds 0, 1, 2``)."""
     described = [describe_run(run_dir) for run_dir in run_dirs]
     parts = []
     if all(described):
@@ -184,7 +164,7 @@ def default_title(run_dirs: Sequence[Path], spread: bool) -> str:
     title = " · ".join(parts)
     if not spread:
         return title
-    return f"{title} (mean ± std over runs)" if title else "Mean ± std over runs"
+    return f"{title} (mean ± std over {over})" if title else f"Mean ± std over {over}"
 
 
 def plot_runs(
@@ -240,17 +220,16 @@ def runs_figure(
             ax.fill_between(xs, mean - std, mean + std, color=line.get_color(), alpha=0.2)
         sizes.append(len(members))
     run_paths = [Path(r) for r in run_dirs]
-    ax.set(
-        ylabel=ylabel or y_label,
-        title=title if title is not None else default_title(run_paths, max(sizes) > 1),
-    )
+    if title is None:
+        title = fitted_title(default_title(run_paths, max(sizes) > 1), float(figsize[0]))
+    ax.set(ylabel=ylabel or y_label, title=title)
     if x == "round":
         round_axis(ax, np.concatenate([read_metrics(r)[x] for r in run_paths]), xlabel or x_label)
     else:
         ax.set_xlabel(xlabel or x_label)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # right of the axes
-    fig.tight_layout()
+    fig.set_layout_engine("constrained")  # room for the legend outside the axes
+    place_legend(ax, float(figsize[0]))
     return fig
 
 

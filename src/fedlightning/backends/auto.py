@@ -1,28 +1,24 @@
-"""``loop.backend: auto`` (the default): the cohort path where it applies and is measured faster
-(docs/algorithms.md section 9.3).
+"""``loop.backend: auto`` (the default): the path a device kind's rule names, the same on every
+machine of that kind whatever its load (docs/algorithms.md section 9.3).
 
 The choice, made once at start-up and printed in one line (``backend: auto chose ...``):
 
 1. :meth:`AutoBackend.check`: :class:`CohortBackend` is a candidate when its ``check`` accepts the
    objective, optimizer, precision and network; otherwise :class:`SequentialBackend`, with the
    cohort's refusal as the reason.
-2. :meth:`AutoBackend.decide`, once the data is set up and before the run's identity is computed:
-   a resumed run keeps the path its checkpoint records (``backend_results``), so that it computes
-   what the straight run computed. Otherwise :func:`~fedlightning.backends.auto_probe.measure`
-   times a step of the round's clients both ways on the run's network, device, precision and
-   batch shape (cached for the process per model, device, precision, batch shape and clients), and
-   the cohort is chosen only when its step takes at most :data:`MARGIN` times the sequential
-   one's (0.8 on an accelerator, 0.5 on the CPU). A closer call keeps the sequential path: it is
-   the bitwise reference of every other backend, and timings that close flip with the machine's
-   load, which would make two runs of one config take different floating-point paths. Both times
-   are printed with the choice.
+2. :meth:`AutoBackend.decide`, before the run's identity is computed: a resumed run takes the path
+   its checkpoint's last rounds took (``backend_results``), so that it computes what the straight
+   run computed. Otherwise the rule of the run's device type, :data:`RULE`: on the CPU the
+   sequential path (at one intra-op thread per fit the cohort took 1.4 to 1.9 times as long on
+   the shipped configs, and as long on the ResNets: ``benchmarks/defaults.py``), on an
+   accelerator the cohort (the clients' arithmetic in one kernel per operation, where a small
+   model's sequential fits are bound by kernel launches).
 
-On the CPU, whose cores are often shared, a vmapped convolution runs about as fast as the same
-convolutions one after another (the quickstart's CNN: within 20% either way on this project's
-machine), so the measurement keeps the sequential path for the library's models; a cohort must be
-twice as fast there (many clients of a tiny network). The choice is recorded in the run's identity
-and checkpoints; a fixed ``loop.backend`` gives the same path, and so the same bits, on every
-machine.
+No timing decides: a choice by a timing taken at start-up flips with the machine's load, and two
+runs of one config would then take different floating-point paths. The path is part of the run's
+identity and of its checkpoints (after a fallback, the sequential one), and the run summary names
+it (:mod:`fedlightning.loop.components.run_path`). A fixed ``loop.backend`` gives the same path on
+every machine.
 """
 
 from __future__ import annotations
@@ -32,15 +28,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from fedlightning.backends.auto_probe import Timing, measure
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort import CohortBackend
 from fedlightning.backends.cohort_checks import CohortRefusal
 from fedlightning.backends.sequential import SequentialBackend
-from fedlightning.determinism import deterministic_compute
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import ClientJob, FitConfig
-from fedlightning.training import cpu_compute
 
 if TYPE_CHECKING:
     from fedlightning.clients.base import ClientModule
@@ -49,17 +42,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fedlightning")
 
-#: the cohort is chosen when its measured step takes at most this fraction of the sequential
-#: one's, by device type (timings on shared CPU cores are noisier)
-MARGIN = {"cpu": 0.5}
-DEFAULT_MARGIN = 0.8
-#: the measurements of this process, per model, device, precision, batch shape and clients
-_MEASURED: dict[tuple, Timing] = {}
+#: the path ``auto`` takes where the cohort can train the run, by device type, and why (any
+#: device type not listed: :data:`ACCELERATOR_RULE`); docs/algorithms.md section 9.3
+RULE = {"cpu": ("sequential", "the rule of docs/algorithms.md section 9.3 for the CPU")}
+ACCELERATOR_RULE = ("cohort", "the rule of docs/algorithms.md section 9.3 for an accelerator")
 
 
 class AutoBackend(Backend):
     """Chooses :class:`CohortBackend` or :class:`SequentialBackend` (see the module docstring)
-    and delegates to it; ``chosen`` is the backend in use once :meth:`decide` ran."""
+    and delegates to it; ``chosen`` is the backend in use once :meth:`decide` ran, ``reason``
+    says why."""
 
     def __init__(self) -> None:
         self.chosen: Backend | None = None
@@ -92,43 +84,11 @@ class AutoBackend(Backend):
         if self.chosen is not None:  # the cohort cannot train this run
             return
         if recorded in ("sequential", "cohort"):
-            self.chosen = self.candidate if recorded == "cohort" else SequentialBackend()
-            self.reason = "the path the resumed checkpoint's rounds took"
-            return
-        try:
-            timing = self._measure(model, datamodule, config, compute, clients_per_round)
-        except ConfigurationError:
-            raise
-        except Exception as error:  # noqa: BLE001 (the reference path when nothing measures)
-            self._sequential(f"the probe could not time the cohort: {_one_line(error)}")
-            return
-        margin = MARGIN.get(compute.device.type, DEFAULT_MARGIN)
-        faster = timing.cohort <= margin * timing.sequential
-        self.chosen = self.candidate if faster else SequentialBackend()
-        self.reason = (
-            f"measured one step of {timing.clients} clients on {compute.device.type}: "
-            f"cohort {timing.cohort * 1e3:.3g} ms, sequential {timing.sequential * 1e3:.3g} ms"
-        )
-
-    def _measure(self, model, datamodule, config, compute, clients_per_round) -> Timing:
-        """The cached or new measurement for the round's clients per architecture group."""
-        keys = model.client_key_sets(datamodule.num_clients)
-        groups = len({k.group for k in keys}) if keys else 1
-        clients = max(1, -(-clients_per_round // groups))
-        x, y = next(iter(datamodule.client_train_dataloader(0, config.seed)))
-        key = (
-            type(model).__qualname__, tuple((n, tuple(p.shape)) for n, p in model.named_parameters()),
-            str(compute.device), compute.precision, tuple(x.shape), x.dtype, clients,
-            config.deterministic,
-        )  # fmt: skip
-        if key not in _MEASURED:
-            batch = (x.to(compute.device), y.to(compute.device))
-            # under the run's own settings (threads, oneDNN, deterministic kernels)
-            with cpu_compute(config.num_threads, config.onednn):
-                with deterministic_compute(config.deterministic):
-                    _MEASURED[key] = measure(model, batch, clients, compute)
-        timing = _MEASURED[key]
-        return Timing(clients_per_round, timing.sequential * groups, timing.cohort * groups)
+            path = recorded
+            self.reason = "the path the resumed checkpoint's last rounds took"
+        else:
+            path, self.reason = RULE.get(compute.device.type, ACCELERATOR_RULE)
+        self.chosen = self.candidate if path == "cohort" else SequentialBackend()
 
     def start(
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
@@ -149,7 +109,8 @@ class AutoBackend(Backend):
         some options; :class:`~fedlightning.backends.cohort_checks.CohortRefusal`) refuses before
         any training, and a client whose fit raises inside the cohort fails the clients it trains
         with: in both cases the run goes on sequentially from this round (where a failed client is
-        that client's failure, for the loop's failure policy), saying why once."""
+        that client's failure, for the loop's failure policy), saying why once. The checkpoints
+        written from then on record the sequential path, which a resume takes."""
         assert self.chosen is not None, "start() first"
         try:
             return self.chosen.run(round_index, jobs)

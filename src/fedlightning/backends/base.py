@@ -64,10 +64,10 @@ class Backend(RecordsInitArgs, ABC):
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
         compute: Compute, clients_per_round: int, recorded: Any = None,
     ) -> None:  # fmt: skip
-        """Settle what needs the run's data (:class:`~fedlightning.backends.AutoBackend` measures
-        its paths); called by the loop at start-up once the data module and the objective are set
-        up, before the run's identity is computed. ``recorded`` is the ``backend_results`` of the
-        checkpoint a resume starts from (``None``: a new run)."""
+        """Settle what needs the run's data and device (:class:`~fedlightning.backends.
+        AutoBackend` chooses its path); called by the loop at start-up once the data module and
+        the objective are set up, before the run's identity is computed. ``recorded`` is the
+        ``backend_results`` of the checkpoint a resume starts from (``None``: a new run)."""
 
     def check_aggregator(self, aggregator: Aggregator) -> None:  # noqa: B027 (optional hook)
         """Raise a ConfigurationError if this backend cannot serve ``aggregator`` (the Flower

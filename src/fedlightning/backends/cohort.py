@@ -48,7 +48,9 @@ rule there). At every round before any step (:mod:`fedlightning.backends.cohort_
 cannot be stacked into one ``local_loss`` (a per-client number or object, a per-client shape, a
 ``local_loss`` reading ``self.state``, ``self.payload`` or ``self.client_id``), naming the
 attribute and the fix. A ``local_loss`` that cannot be vmapped (data-dependent Python control
-flow, ``.item()``) is refused with vmap's message at its first step.
+flow, ``.item()``) is refused with vmap's message at its first step. An objective that raises
+while its clients train together fails them all: the run stops with one line naming the objective,
+the exception and where it was raised (:mod:`fedlightning.backends.cohort_failure`).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from fedlightning.attacks.labels import training_batches
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort_capture import FullSteps
 from fedlightning.backends.cohort_checks import CohortRefusal, check_cohort
+from fedlightning.backends.cohort_failure import cohort_failures
 from fedlightning.backends.cohort_memory import ChunkSizes
 from fedlightning.backends.cohort_optim import StackedOptimizer, StackedScaler, optimizer_refusal
 from fedlightning.backends.cohort_plan import RoundPlan
@@ -148,7 +151,11 @@ class CohortBackend(Backend):
                 seed = derive_seed(self.config.seed, "cohort", round_index, number)
                 if start:
                     seed = derive_seed(seed, "chunk", start)
-                with self.chunks.attempt(architecture, len(chunk), self.device) as fitted:
+                ids = [job.client_id for job in chunk]
+                with (
+                    self.chunks.attempt(architecture, len(chunk), self.device) as fitted,
+                    cohort_failures(self.model, round_index, ids),
+                ):
                     results.update(self._run_cohort(round_index, seed, chunk))
                 if not fitted:
                     continue  # out of memory: the same clients again in a smaller chunk

@@ -10,7 +10,8 @@ depend on which actor runs which client. Each actor computes with the driver's t
 (:class:`~fedlightning.torch_settings.ComputeSettings`: intra-op threads, oneDNN, deterministic
 algorithms, flush-to-zero, matmul precision), so on CPU results are byte-identical to the
 sequential backend's whatever ``OMP_NUM_THREADS`` says; ``loop.num_threads`` sets the threads of
-both (e.g. to ``num_cpus_per_client``, so that actors do not oversubscribe a machine's cores).
+both (default 1: the actors are the parallelism; raise it with ``num_cpus_per_client`` for a
+large model, so that actors do not oversubscribe a machine's cores).
 
 Needs the optional extra: ``pip install 'fedlightning[ray]'``.
 """
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
+from fedlightning.backends.pickling import refuse_unpicklable
 from fedlightning.errors import ConfigurationError, WorkerLost, require
 from fedlightning.placement import to_cpu
 from fedlightning.protocol import ClientJob, FitConfig, FitResult
@@ -129,7 +131,8 @@ class RayBackend(Backend):
             one per CPU Ray reports divided by ``num_cpus_per_client``).
         num_gpus_per_client: GPUs (or a fraction of one) each actor holds.
         num_cpus_per_client: CPUs each actor holds (Ray's scheduling); its torch threads are the
-            run's (``loop.num_threads``, else the driver's), so results equal sequential fits.
+            run's (``loop.num_threads``, default 1; null: the driver's), so results equal
+            sequential fits.
     """
 
     def __init__(
@@ -166,14 +169,21 @@ class RayBackend(Backend):
         self.on_client_done: ClientDone | None = None
         self._owns_ray = False
 
+    def check(self, model: ClientModule, config: FitConfig, compute: Compute) -> None:
+        """Refuse an objective that cannot be pickled to the actors, naming the attribute
+        (:mod:`fedlightning.backends.pickling`), before anything is written."""
+        refuse_unpicklable(model, _ray().cloudpickle.dumps, "RayBackend")
+
     def start(
         self, model: ClientModule, datamodule: FederatedDataModule, config: FitConfig,
         compute: Compute, on_client_done: ClientDone | None = None,
     ) -> None:  # fmt: skip
         """Start the actors; each resolves its own compute from ``config`` (its device, e.g. a
-        CPU-only actor's, may differ from the driver's ``compute``)."""
+        CPU-only actor's, may differ from the driver's ``compute``). An objective that no longer
+        pickles (an attribute ``prepare_clients`` added) is refused before Ray starts."""
         self.on_client_done = on_client_done
         ray = _ray()
+        refuse_unpicklable(model, ray.cloudpickle.dumps, "RayBackend")
         # a Ray instance this backend starts is shut down by stop(); one the user started stays
         self._owns_ray = init_ray(self.address)
         resources = ray.cluster_resources()

@@ -7,5 +7,5 @@ from fedlightning.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ".base": "ClientModule", ".mutual": "FML", ".fednova": "FedNovaClient",
     ".fedprox": "FedProx", ".moon": "MOON", ".scaffold": "ScaffoldClient",
-    ".worker_momentum": "WorkerMomentum",
+    ".worker_momentum": "WorkerMomentum", ".feddyn": "FedDynClient", ".ifca": "IFCAClient",
 })  # fmt: skip

@@ -56,9 +56,11 @@ class CoFED:
         seed: the one seed: tasks, architectures, initialisations and every fit derive from it.
         run_dir: where the report goes (the CLI's default: ``runs/<config name>``).
         progress_bar: show progress over participants.
-        num_threads: torch intra-op threads during the run (null: torch's default). Small models
-            gain nothing from several threads, and on a busy machine they oversubscribe the cores
-            (1 thread was 40x faster than 2 for the digits CNNs on a shared 2-core machine).
+        num_threads: torch intra-op threads during the run; default 1, as ``fit``'s
+            ``loop.num_threads`` (docs/algorithms.md section 9.3): small models gain nothing from
+            several threads, on a busy machine they oversubscribe the cores (1 thread was 40x
+            faster than 2 for the digits CNNs on a shared 2-core machine), and the count changes
+            the bits. Null: torch's default (one per core).
         onednn: use oneDNN (MKL-DNN) CPU kernels (off by default: torch 2.14.1's oneDNN
             convolution backward corrupted the heap here; see
             :func:`fedlightning.training.cpu_compute`).
@@ -74,7 +76,7 @@ class CoFED:
         seed: int = 0,
         run_dir: str | None = None,
         progress_bar: bool = True,
-        num_threads: int | None = None,
+        num_threads: int | None = 1,
         onednn: bool = False,
     ) -> None:
         check_seed(seed, "seed")  # as fit checks loop.seed

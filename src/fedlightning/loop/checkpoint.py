@@ -8,16 +8,22 @@ docs/algorithms.md section 6.2), the global RNG states and the run's identity
 checkpoint, which cannot tell a changed option, is refused with a message). Format 4: every
 aggregator's state is its declared state (FedCross, InCo and client-level DP wrote their own
 layout before; docs/algorithms.md section 2.6), and the identity names it (``server_state``); a
-format-3 checkpoint is refused in one line. :func:`read_checkpoint` turns any unreadable or
-inconsistent file (empty, truncated, garbage, a malicious pickle, a hand-edited round) into a
-one-line :class:`~fedlightning.errors.ConfigurationError`; :func:`atomic_save` never leaves a torn
+format-3 checkpoint is refused in one line. The rounds done and the metrics history are sealed
+(``seal``: :func:`seal_of`, a SHA-256 of the two), so a checkpoint whose round or history was
+edited after it was written is refused: the run would go on from a round it never reached (a
+checkpoint written before the seal existed holds none, and is read without it).
+:func:`read_checkpoint` turns any unreadable or inconsistent file (empty, truncated, garbage, a
+malicious pickle, a hand-edited round) into a one-line
+:class:`~fedlightning.errors.ConfigurationError`; :func:`atomic_save` never leaves a torn
 file, and a failed write (a full disk) is a :class:`~fedlightning.errors.StorageError` naming the
 directory, with the previous checkpoint untouched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import random
 from pathlib import Path
@@ -100,6 +106,7 @@ def make_checkpoint(
     return {
         "format": CHECKPOINT_FORMAT,
         "round": rounds_done,
+        "seal": seal_of(rounds_done, history),
         "identity": identity,
         # kept at the top level too: tools (and older tests) read them there
         "seed": identity["seed"],
@@ -112,6 +119,13 @@ def make_checkpoint(
         "wandb_id": logger_ids.get("wandb"),
         "components": components or {},
     }
+
+
+def seal_of(rounds_done: int, history: list[dict[str, float]]) -> str:
+    """The SHA-256 of the rounds done and the metrics history (canonical JSON: keys sorted,
+    numbers as Python writes them back exactly), which a checkpoint keeps as ``seal``."""
+    text = json.dumps({"round": rounds_done, "history": history}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -169,6 +183,12 @@ def read_checkpoint(ckpt_path: str) -> dict[str, Any]:
             f"{option} is inconsistent: round={rounds} (expected an integer >= 1 and at least "
             f"the {len(checkpoint['history'])} evaluated rounds it records); resume from another "
             "checkpoint"
+        )
+    if "seal" in checkpoint and checkpoint["seal"] != seal_of(rounds, checkpoint["history"]):
+        raise ConfigurationError(
+            f"{option} is inconsistent: its round ({rounds}) or its metrics history was changed "
+            "after the run wrote it (they no longer match their seal), so it would resume from a "
+            "round the run never reached; resume from an unedited checkpoint"
         )
     rng = checkpoint["rng"]
     if not isinstance(rng.get("torch"), torch.Tensor) or not isinstance(

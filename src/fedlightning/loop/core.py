@@ -117,7 +117,14 @@ class FederatedLoop:
             ``trainer``: a Trainer for every fit.
         gradient_clip_val: clip each client's gradients to this total norm (or value); null: off.
         gradient_clip_algorithm: ``norm`` or ``value``.
-        num_threads: torch intra-op threads during the run (null: torch's default).
+        num_threads: torch intra-op threads during the run; default 1: with a second thread
+            the shipped configs' rounds took 15 to 72 times as long on a loaded 2-core machine,
+            and the count decides how a reduction is split, so the default gives the same bits
+            on machines with any number of cores (``benchmarks/defaults.py``,
+            docs/algorithms.md section 9.3). Parallelism across clients comes from the cohort
+            or Ray; more threads suit a large model on an idle machine (null: the process's
+            setting, torch's one per core unless ``OMP_NUM_THREADS`` says otherwise). Part of
+            the run's identity.
         onednn: use oneDNN (MKL-DNN) CPU kernels during the run. Off by default: torch 2.14.1's
             oneDNN convolution backward corrupted the heap (the process aborts) on this project's
             CPUs; see :func:`fedlightning.training.cpu_compute`. No effect on GPU kernels.
@@ -180,7 +187,7 @@ class FederatedLoop:
         fit_with: Literal["auto", "trainer"] = "auto",
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: Literal["norm", "value"] = "norm",
-        num_threads: int | None = None,
+        num_threads: int | None = 1,
         onednn: bool = False,
         overwrite: bool = False,
         log_every: int = 1,
@@ -276,6 +283,7 @@ class FederatedLoop:
                         error, self.run_dir, "write the run's files"
                     ) from None
                 finally:
+                    self.reporter.release()  # a failed run's loggers (a finished run's are closed)
                     self.backend.stop()
                     self.store.close()
 

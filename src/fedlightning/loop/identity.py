@@ -13,11 +13,12 @@ same structure from the CLI and from Python) plus facts derived from the objects
   (:meth:`~fedlightning.server.server_state.ServerState.declared_states`: a plug-in whose code now
   declares other state cannot continue the checkpoint);
 - ``backend_results``: whose numerics the backend's fits follow: ``sequential`` for
-  SequentialBackend, RayBackend and AutoBackend where it chose sequential; ``cohort`` for
+  SequentialBackend, RayBackend and AutoBackend where it runs sequential fits; ``cohort`` for
   CohortBackend (its vmapped fits follow another floating-point trajectory, e.g. with BatchNorm)
-  and AutoBackend where it chose the cohort (by measurement: a resumed AutoBackend takes the
-  checkpoint's path, docs/algorithms.md section 9.3); ``flower`` for FlowerBackend; any other
-  backend its class path;
+  and AutoBackend where it runs the cohort; ``flower`` for FlowerBackend; any other backend its
+  class path. Each checkpoint records the path of the rounds before it (an AutoBackend that fell
+  back to sequential fits mid-run: ``sequential``, :mod:`fedlightning.loop.components.run_path`),
+  and a resumed AutoBackend takes that path (docs/algorithms.md section 9.3);
 - ``library_version``: a different one only warns.
 
 A resume (:func:`compare_identity`) may change only the options that cannot change the result,

@@ -200,10 +200,17 @@ class Reporter:
 
             curves = plot_curves(self.run_dir)
             log_figure(self.loggers, "curves", curves, step=int(self.table.rows[-1]["round"]))
-        for logger in self.loggers:
-            logger.finalize("success")
+        self.release("success")
+
+    def release(self, status: str = "failed") -> None:
+        """Finalize the loggers still open with ``status`` and finish the W&B run (WandbLogger
+        leaves it open): its transaction log is flushed and closed, with exit code 1 for a run
+        that failed, and the process's next W&B run starts clean. Idempotent."""
+        loggers, self.loggers = self.loggers, []
+        for logger in loggers:
+            logger.finalize(status)
             if is_wandb(logger):
-                logger.experiment.finish()  # flush and close the W&B run (WandbLogger leaves it open)
+                logger.experiment.finish(exit_code=0 if status == "success" else 1)
 
     def wandb_id(self) -> str | None:
         """The W&B run id (stored in checkpoints so a resumed run continues the same W&B run)."""

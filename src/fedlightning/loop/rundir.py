@@ -32,6 +32,7 @@ from types import TracebackType
 
 from fedlightning.errors import ConfigurationError, RunInterrupted, StorageError, storage_error
 from fedlightning.folder_lock import LOCK_NAME, FolderLock, lock_holder
+from fedlightning.folder_owner import refuse_other_owner
 from fedlightning.signals import stopped_by
 
 #: files whose presence means the directory holds a run's results
@@ -69,7 +70,9 @@ def check_run_dir(
     or lies under one; a directory (or nearest existing parent) that is not writable or has less
     than ``min_free_bytes`` free; a directory locked by a live run; a directory holding another
     run's results unless ``resuming`` or ``overwrite`` (the advice is command-line options, or
-    with ``python`` the Python API's arguments).
+    with ``python`` the Python API's arguments); a ``client_state`` folder that another run
+    directory owns (:mod:`fedlightning.folder_owner`: a bind mount of a finished run's folder,
+    which ``overwrite`` or a new run would empty).
     """
     if run_dir is None or not str(run_dir).strip():
         raise ConfigurationError(
@@ -106,6 +109,7 @@ def check_run_dir(
         )
     _refuse_foreign(path, option, resuming, ran_here=(path / LOCK_NAME).exists())
     _refuse_results(path, option, resuming, overwrite, python)
+    refuse_other_owner(path / "client_state", path, option)
     return path
 
 
@@ -229,6 +233,7 @@ class RunDirectory:
         try:  # again under the lock: a run that ended since check_run_dir may have left results
             _refuse_foreign(self.path, self.option, self.resuming, ran_here)
             _refuse_results(self.path, self.option, self.resuming, self.overwrite)
+            refuse_other_owner(self.path / "client_state", self.path, self.option)
         except ConfigurationError:
             self.__exit__(ConfigurationError, None, None)
             raise

@@ -1,13 +1,13 @@
 """Which aggregators client-level DP can serve, and what their server update may read under it
 (docs/algorithms.md section 7.1, "Which aggregators qualify"). The rules read the aggregator's
 statistic (:mod:`fedlightning.server.statistics`) and its server update, not a list of classes
-but the two built-ins whose update reads every upload."""
+but the built-ins whose update reads the uploads."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fedlightning.server import FedAvg, FedNova, Scaffold
+from fedlightning.server import FedAvg, FedDyn, FedNova, Scaffold
 from fedlightning.server.base import Aggregator
 from fedlightning.server.statistics.base import flag
 
@@ -16,6 +16,8 @@ OPTION = "loop.aggregator.init_args."
 READS_UPLOADS: dict[type, str] = {
     FedNova: "its server update normalises each upload by the client's own a_i",
     Scaffold: "its server update adds every client's delta_c to c, un-noised",
+    FedDyn: "its server update scales h's step by how many sampled clients uploaded each key, "
+    "which the noised mean does not release",
 }
 #: FedAvg methods the private release depends on: a subclass overriding one is refused
 REPLACED = ("client_weights", "aggregate")

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
 from fedlightning.errors import require
 from fedlightning.protocol import StateDict
+from fedlightning.server.adaptive import AdaptiveStep
 from fedlightning.server.fedavg import FedAvg
-from fedlightning.server.round import ServerRound
-from fedlightning.server.summation import wide
 
 
-class FedAdam(FedAvg):
+class FedAdam(AdaptiveStep, FedAvg):
     """FedAvg with an Adam server step (docs/algorithms.md section 2.5): with ``mean`` the round's
     combination (the owner-aware mean by default, or the injected statistic; see
     :class:`FedAvg`), ``Delta = mean - w``,
@@ -55,15 +56,6 @@ class FedAdam(FedAvg):
         self.add_state("m", "parameters")
         self.add_state("v", "parameters", fill=tau**2)
 
-    def server_update(self, server_round: ServerRound) -> StateDict:
-        out, m, v = {}, {}, {}
-        for key in server_round.parameter_keys:
-            w = wide(self.weights[key])
-            delta = wide(server_round.mean[key]) - w
-            m_new = self.beta1 * wide(self.m[key]) + (1 - self.beta1) * delta
-            v_new = self.beta2 * wide(self.v[key]) + (1 - self.beta2) * delta.square()
-            step = self.server_lr * m_new / (v_new.sqrt() + self.tau)
-            out[key] = (w + step).to(server_round.mean[key].dtype)
-            m[key], v[key] = m_new.to(self.m[key].dtype), v_new.to(self.v[key].dtype)
-        self.m, self.v = {**self.m, **m}, {**self.v, **v}
-        return out
+    def second_moment(self, v: Tensor, delta_sq: Tensor) -> Tensor:
+        """Adam's ``v_t = beta2 v_{t-1} + (1 - beta2) Delta_t^2``."""
+        return self.beta2 * v + (1 - self.beta2) * delta_sq

@@ -15,6 +15,7 @@ from fedlightning.server.base import Aggregator, ClientKeyList, ClientKeys, grou
 from fedlightning.server.round import ServerRound, Withheld, merge_update
 from fedlightning.server.statistics import Mean, Median, StatisticContext, TrimmedMean
 from fedlightning.server.statistics.base import Statistic, StatisticLike, flag, setup_statistic
+from fedlightning.server.statistics.contract import check_combined
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean")
 #: joins a group's name and a key in the server state of ``within_groups`` (model keys hold dots)
@@ -208,7 +209,8 @@ class FedAvg(Aggregator):
             uploads = [self._group_upload(u) for u in uploads]
         context = StatisticContext(round_index, self.seed, self.weights)
         states = [u.weights for u in uploads]
-        mean = self.statistic.combine(states, self.client_weights(uploads), context)
+        combined = self.statistic.combine(states, self.client_weights(uploads), context)
+        mean = check_combined(self.statistic, combined, states, self.weights, round_index)
         if flag(self.statistic, "withholds_uploads"):
             withheld = Withheld(type(self).__name__)
             server_round = ServerRound(round_index, mean, withheld, withheld, self.parameters)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ every upload owns every key there is one such set, and the result is the rule's 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -22,6 +23,7 @@ import torch
 
 from fedlightning.protocol import StateDict
 from fedlightning.server.summation import WeightedSum, wide, wide_dtype
+from fedlightning.server.unbounded import clip_unbounded
 
 #: float buffers that are statistics of the data, not learned weights (torch's normalisation layers)
 RUNNING_STATISTICS = ("running_mean", "running_var")
@@ -199,7 +201,8 @@ def update_norm(state: StateDict, reference: StateDict) -> float:
 
 def clip_update(state: StateDict, reference: StateDict, max_norm: float) -> StateDict:
     """``reference + u * min(1, max_norm / ||u||)`` with ``u = state - reference`` (floating
-    entries; integer entries pass through). Bounds each client's influence on the average.
+    entries; integer entries pass through). Bounds each client's influence on the average, at
+    any size of ``u`` (Inf/NaN too: :func:`~fedlightning.server.unbounded.clip_unbounded`).
 
     >>> clip_update({"w": torch.tensor([3.0, 4.0])}, {"w": torch.zeros(2)}, max_norm=1.0)
     {'w': tensor([0.6000, 0.8000])}
@@ -207,6 +210,8 @@ def clip_update(state: StateDict, reference: StateDict, max_norm: float) -> Stat
     norm = update_norm(state, reference)
     if norm <= max_norm:
         return state
+    if not math.isfinite(norm):  # Inf/NaN entries or an overflowing norm: its direction only
+        return clip_unbounded(state, reference, max_norm)
     scale = max_norm / norm
     return {
         k: (wide(reference[k]) + (wide(v) - wide(reference[k])) * scale).to(v.dtype)

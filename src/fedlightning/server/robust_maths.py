@@ -1,9 +1,9 @@
 """Byzantine-robust server maths as pure functions (docs/algorithms.md section 8): Krum's scores
-and Multi-Krum's selection, the smoothed Weiszfeld iteration of the geometric median, centered
-clipping. No state; the aggregators of :mod:`fedlightning.server.krum`,
-:mod:`fedlightning.server.geomed` and :mod:`fedlightning.server.centered_clip` hold what crosses
-rounds. The coordinate-wise median and trimmed mean and the norm clipping are in
-:mod:`fedlightning.server.functional`.
+and Multi-Krum's selection, the smoothed Weiszfeld iteration of the geometric median (in
+:mod:`fedlightning.server.weiszfeld`), centered clipping. No state; the aggregators of
+:mod:`fedlightning.server.krum`, :mod:`fedlightning.server.geomed` and
+:mod:`fedlightning.server.centered_clip` hold what crosses rounds. The coordinate-wise median
+and trimmed mean and the norm clipping are in :mod:`fedlightning.server.functional`.
 
 An upload is one point: its floating entries (trainable parameters and BatchNorm running
 statistics alike: an attacker controls the whole upload, docs/algorithms.md section 8, "BatchNorm
@@ -22,6 +22,12 @@ from torch import Tensor
 from fedlightning.protocol import StateDict
 from fedlightning.server.functional import clip_update, float_keys, owner_combine, uniform_average
 from fedlightning.server.summation import wide_dtype
+from fedlightning.server.weiszfeld import weiszfeld
+
+__all__ = [
+    "centered_clip", "flat_floats", "krum_neighbours", "krum_scores", "krum_select",
+    "pairwise_sq_distances", "weiszfeld",
+]  # fmt: skip
 
 
 def flat_floats(states: Sequence[StateDict]) -> Tensor:
@@ -96,43 +102,6 @@ def krum_select(scores: Tensor, count: int) -> list[int]:
     if not 1 <= count <= len(scores):
         raise ValueError(f"Multi-Krum selects 1 to {len(scores)} of {len(scores)}, got {count}")
     return scores.sort(stable=True).indices[:count].tolist()
-
-
-def weiszfeld(
-    points: Tensor, alphas: Tensor, smoothing: float, max_iter: int, tol: float
-) -> tuple[Tensor, int]:
-    """The smoothed Weiszfeld estimate of the weighted geometric median
-    ``argmin_z sum_i alpha_i ||z - x_i||`` (Pillutla, Kakade, Harchaoui, "Robust Aggregation for
-    Federated Learning", IEEE TSP 2022, arXiv:1912.13445, Algorithm 3), as the coefficients
-    ``beta`` (summing to 1) of ``z = sum_i beta_i x_i``, and the number of iterations done.
-
-    ``alpha`` is normalised to sum 1; ``z_0 = sum_i alpha_i x_i``; each iteration
-    ``beta_i ∝ alpha_i / max(smoothing, ||z - x_i||)``, ``z <- sum_i beta_i x_i``. It stops after
-    ``max_iter`` iterations, or once the objective ``g(z) = sum_i alpha_i ||z - x_i||`` changes by
-    at most ``tol * g(z)`` (the stopping rule of the authors' code).
-
-    >>> beta, _ = weiszfeld(torch.tensor([[0.0], [1.0], [2.0], [3.0], [100.0]]).double(),
-    ...                     torch.ones(5).double(), 1e-8, 1000, 1e-12)
-    >>> round(float(beta @ torch.tensor([0.0, 1.0, 2.0, 3.0, 100.0]).double()), 6)  # the median
-    2.0
-    """
-    if not (smoothing > 0 and max_iter >= 1 and tol >= 0):
-        raise ValueError(
-            f"weiszfeld needs smoothing > 0, max_iter >= 1, tol >= 0, got {smoothing}, "
-            f"{max_iter}, {tol}"
-        )
-    alphas = alphas.to(points.dtype) / alphas.sum()
-    beta = alphas
-    z = beta @ points
-    objective = float((alphas * (points - z).norm(dim=1)).sum())
-    for iteration in range(1, max_iter + 1):
-        weights = alphas / (points - z).norm(dim=1).clamp(min=smoothing)
-        beta = weights / weights.sum()
-        z = beta @ points
-        previous, objective = objective, float((alphas * (points - z).norm(dim=1)).sum())
-        if abs(previous - objective) <= tol * objective:
-            return beta, iteration
-    return beta, max_iter
 
 
 def centered_clip(

@@ -24,10 +24,11 @@ state as long as the files it needs are kept:
   state.
 
 The folder belongs to one run: :meth:`DiskStates.open` refuses a folder that is a symbolic link
-(another run's folder reached through a link) and takes its lock
-(:mod:`fedlightning.folder_lock`) for the run's life, so a second live run reaching the folder
-another way is refused, naming it, before it deletes anything; :meth:`DiskStates.check` says the
-same before anything is written. Per round this costs one file per stateful client trained
+(another run's folder reached through a link) or that another run directory owns (the same
+folder by device and inode, reached through a bind mount: :mod:`fedlightning.folder_owner`), and
+takes its lock (:mod:`fedlightning.folder_lock`) for the run's life, so a second live run
+reaching the folder another way is refused, naming it, before it deletes anything;
+:meth:`DiskStates.check` says the same before anything is written. Per round this costs one file per stateful client trained
 (serialized in memory, hashed, written in one plain write: a full disk is "no space left on the
 device" naming the folder) and the deletion of the files it superseded; memory holds two 64-bit
 integers per client id (its live version and content digest). Files are not fsynced: a killed
@@ -50,6 +51,7 @@ import torch
 
 from fedlightning.errors import ConfigurationError, StorageError, storage_error
 from fedlightning.folder_lock import FolderLock, lock_holder
+from fedlightning.folder_owner import refuse_other_owner, take
 from fedlightning.placement import to_cpu
 
 #: ``<client>.<version>.<digest>.pt`` (a state) or ``<client>.<version>.none`` (its state cleared)
@@ -221,7 +223,8 @@ class DiskStates:
     # -- the folder's owner -------------------------------------------------------------------------
     def check(self) -> None:
         """Refuse (ConfigurationError naming the folder) a folder this run cannot own: a
-        symbolic link, or one locked by another live run. Only reads."""
+        symbolic link, another run directory's folder reached from here (a bind mount:
+        :mod:`fedlightning.folder_owner`), or one locked by another live run. Only reads."""
         if self.directory.is_symlink():
             raise ConfigurationError(
                 f"{OPTION}='disk' keeps client state in {str(self.directory)!r}, which is a "
@@ -229,6 +232,7 @@ class DiskStates:
                 "folder is its own, never shared through a link; remove the link or choose "
                 "another loop.run_dir"
             )
+        refuse_other_owner(self.directory, self.directory.parent, f"{OPTION}='disk'")
         holder = lock_holder(self.directory)
         if holder is not None and not self._lock.held:
             raise self._in_use(holder)
@@ -241,9 +245,9 @@ class DiskStates:
 
     def open(self) -> None:
         """Before the first round: take the folder (:meth:`check`, then its lock, held until
-        :meth:`close`) and delete every state file that the loaded state (none for a new run)
-        does not use: files of a run killed before its next checkpoint, superseded versions,
-        ``.none`` files (after the files they hide)."""
+        :meth:`close`, and its owner record) and delete every state file that the loaded state
+        (none for a new run) does not use: files of a run killed before its next checkpoint,
+        superseded versions, ``.none`` files (after the files they hide)."""
         self.check()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -252,6 +256,10 @@ class DiskStates:
             raise storage_error(error, self.directory, "create the client state folder") from None
         if holder is not None:
             raise self._in_use(holder)
+        try:
+            take(self.directory, self.directory.parent)
+        except OSError as error:
+            raise storage_error(error, self.directory, "record the folder's owner") from None
         stale = [
             (cid, version, digest)
             for cid, version, digest in self._scan()

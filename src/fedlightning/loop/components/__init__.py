@@ -5,7 +5,8 @@ component: ``factory(context) -> RoundComponent | None`` (``None``: not in this 
 attack). The order matters where one component reads what an earlier one did: the adversary
 transforms the uploads before anything else sees them, the meters add their columns before the
 server guard may discard a failed round's row, the targets come after the guard (a discarded row
-reaches no target), and the checkpoint writer comes last (a checkpoint holds what every other
+reaches no target), the run's path is recorded in the identity before the checkpoint writer,
+which comes last (a checkpoint holds what every other
 component did in its round). A new meter or attack is one file and one line here.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from fedlightning.loop.communication import CommunicationMeter
 from fedlightning.loop.components.adversary import AdversaryComponent
 from fedlightning.loop.components.checkpoints import CheckpointSaver
+from fedlightning.loop.components.run_path import RunPath
 from fedlightning.loop.options import RunOptions
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.server_guard import ServerGuard
@@ -57,6 +59,7 @@ COMPONENTS: tuple[Callable[[RunContext], RoundComponent | None], ...] = (
     _adversary,
     lambda c: ServerGuard(c.options.aggregator, c.options.summary, c.options.on_round_failure),
     lambda c: TargetTracker(c.options.target_acc),
+    lambda c: RunPath(c.options.backend, c.run.identity, c.run.compute.device),
     lambda c: CheckpointSaver(c.options, c.run, c.components),
 )
 

@@ -32,8 +32,10 @@ class GeometricMedian(Statistic):
     ``beta_i ∝ alpha_i / max(smoothing, ||z - w_i||)``, ``z <- sum_i beta_i w_i``, until the
     objective changes by at most ``tol`` relative or after ``max_iter`` iterations. Each upload is
     one point (its floating entries); the result is ``sum_i beta_i w_i`` of every entry, BatchNorm
-    statistics included. Needs clients that own the same keys and an honest majority. The
-    iterations of the last round are reported as ``weiszfeld_iterations``.
+    statistics included. Needs clients that own the same keys and an honest majority. Outliers
+    of any size (Inf/NaN uploads too) move the estimate no more than the honest uploads'
+    spread allows (docs/algorithms.md section 8, "Outliers of any size"). The iterations of
+    the last round are reported as ``weiszfeld_iterations``.
 
     Args:
         smoothing: nu > 0, the smallest distance a weight divides by.
@@ -61,7 +63,10 @@ class GeometricMedian(Statistic):
         beta, self._iterations = weiszfeld(
             points, alphas.to(points.device), self.smoothing, self.max_iter, self.tol
         )
-        return clamp_running_var(weighted_average(uploads, beta.tolist()))
+        # an upload with Inf/NaN has coefficient 0 (fedlightning.server.weiszfeld): leave it out, as
+        # 0 * Inf would be NaN
+        kept = [(upload, b) for upload, b in zip(uploads, beta.tolist(), strict=True) if b > 0]
+        return clamp_running_var(weighted_average([u for u, _ in kept], [b for _, b in kept]))
 
     def round_metrics(self) -> dict[str, float]:
         return {"weiszfeld_iterations": float(self._iterations)}
