@@ -36,7 +36,9 @@ from checked_headers import (
     command,
     evaluations,
     label,
+    main,
     rewrite,
+    stated,
     timed,
     tolerance,
 )
@@ -83,6 +85,11 @@ def test_every_config_states_one_claim():
         if claim.value is not None:
             assert 0 < claim.value <= 1, config.name
             assert MIN_TOLERANCE <= claim.tolerance <= MAX_TOLERANCE, config.name
+            assert claim.note == stated(config), (
+                f"{config.name}: '# Checked: {claim.metric} {claim.value} ± {claim.tolerance} "
+                f"{claim.note}' does not state '{stated(config)}': re-measure it with python "
+                f"tests/checked_headers.py {label(config)}"
+            )
 
 
 @pytest.mark.slow
@@ -128,3 +135,12 @@ def test_recording_rewrites_the_header_with_the_figure_and_the_settings(tmp_path
     lines = zip(original.splitlines(), config.read_text().splitlines(), strict=True)
     changed = [a for a, b in lines if a != b]
     assert len(changed) == 1 and changed[0].startswith("# Checked: test_acc")
+
+
+def test_recording_refuses_an_unknown_config_before_running_anything(capsys):
+    """``python tests/checked_headers.py NAME`` names the config it cannot find, in one line."""
+    with pytest.raises(SystemExit) as stop:
+        main(["fedavg", "no_such_config"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2
+    assert err[-1].endswith(f"no such config: {CONFIGS[0].parent / 'no_such_config.yaml'}")
