@@ -149,7 +149,7 @@ def test_a_wandb_staging_write_failing_mid_run_names_wandbs_folder_not_the_run_d
         return real(self, metrics, step)
 
     monkeypatch.setattr(WandbLogger, "log_metrics", log_metrics)
-    line = _fails(cli, capsys, tmp_path / "run", "--loop.wandb", "true", "--loop.rounds", "2")
+    line = cli_fails(cli, capsys, tmp_path / "run", "--loop.wandb", "true", "--loop.rounds", "2")
     assert line == (
         f"fedlightning: storage error: W&B could not write {str(data)!r}, its folder outside "
         "the run directory: Permission denied; set WANDB_DATA_DIR to a writable directory"
