@@ -19,11 +19,16 @@ install: $(STAMP)  ## create .venv and install fedlightning (editable) with dev 
 demo: install  ## federated training on the bundled digits data (offline, about 17 CPU-s)
 	$(VENV)/bin/fedlightning fit --config configs/quickstart.yaml
 
-test: install  ## the test suite without the tests marked slow (CPU, tiny data, 4-13 min on 2 cores)
-	$(PY) -m pytest
+# the tests across the machine's cores (at most 4 processes), each file's tests in one process
+# (a module's fixtures are built once); `PYTEST_WORKERS=0 make test` runs them in this process
+PYTEST_WORKERS ?= auto
+XDIST := -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadfile
+
+test: install  ## the test suite without the tests marked slow (CPU, tiny data, about 8 min on 2 cores)
+	$(PY) -m pytest $(XDIST)
 
 test-all: install  ## every test, including those marked slow (Ray, SIGKILL resume, notebooks)
-	$(PY) -m pytest -m "slow or not slow"
+	$(PY) -m pytest $(XDIST) -m "slow or not slow"
 
 notebooks: install  ## run every notebook at full size; each copy with its outputs goes to notebooks/runs/<name>.ipynb (notebook 01: 30 CPU-s)
 	mkdir -p notebooks/runs

@@ -178,7 +178,7 @@ def test_start_up_does_not_walk_the_planned_rounds(tmp_path):
     previous = signal.signal(signal.SIGALRM, hang)
     signal.alarm(120)
     try:
-        prepare_run(loop.start_options(), model, data, None)
+        prepare_run(loop.parts(), model, data, None)
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)

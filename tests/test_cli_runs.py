@@ -89,7 +89,7 @@ def test_fast_dev_run_trains_one_round_of_two_batches_and_keeps_nothing(
     (loop,) = seen
     assert len(loop.history) == 1 and loop.history[0]["round"] == 1
     assert loop.fit_config.local_steps == cli_runs.FAST_DEV_RUN_STEPS == 2
-    assert loop.init_args["loggers"] is None and loop.init_args["wandb"] is False
+    assert not loop.reporter.extra_loggers and loop.reporter.wandb is False
     assert "fast_dev_run passed" in capsys.readouterr().out
     assert list(scratch.iterdir()) == []  # its directory went with it
     assert not (tmp_path / "run").exists() and not (tmp_path / "tb").exists()

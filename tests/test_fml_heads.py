@@ -103,7 +103,7 @@ def _initial_head(loop, client):
     """Client ``client``'s head as first created (re-created the way begin_client does it)."""
     from fedlightning.seeding import derive_seed, seed_fit
 
-    seed_fit(derive_seed(loop.seed, "fit", 0, client))
+    seed_fit(derive_seed(loop.options.seed, "fit", 0, client))
     with torch.random.fork_rng(devices=[]):
         return torch.nn.Linear(8, 6).weight.detach()
 

@@ -197,14 +197,14 @@ def test_the_cli_and_python_forms_of_a_config_are_the_same(args, model, aggregat
         run=False,
     )
     cli.trainer.config_text = cli.resolved_config()
-    from_cli = resolved_config(cli.trainer, cli.model, cli.datamodule)
+    from_cli = resolved_config(cli.trainer.parts(), cli.model, cli.datamodule)
     loop = FederatedLoop(rounds=4, clients_per_round=4, local_epochs=2, run_dir="runs/x",
                          progress_bar=False, plots=False, aggregator=aggregator(),
                          backend=backend())  # fmt: skip
     objective = model(network="mlp", network_kwargs={"hidden": [64]}, lr=0.1, momentum=0.5)
     data = FederatedDataModule(dataset="digits", num_clients=8, partition="dirichlet", beta=1.0,
                                batch_size=32)  # fmt: skip
-    assert resolved_config(loop, objective, data) == from_cli
+    assert resolved_config(loop.parts(), objective, data) == from_cli
     init_args = from_cli["loop"]["aggregator"]["init_args"]
     if "inner" in init_args:  # InCo's inner aggregator, with the FedAvg arguments it inherits
         assert init_args["inner"]["init_args"]["server_lr"] == 0.5

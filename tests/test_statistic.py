@@ -1,7 +1,7 @@
 """The server statistic injected (docs/algorithms.md section 2.8): a robust or private statistic
 composes with a server optimizer with no new class, the presets are FedAvg with a statistic, the
-breakdown, SecAgg+ and DP rules read the statistic, a user's object with one method works, and the
-docs' example runs."""
+breakdown, SecAgg+ and DP rules read the statistic, a user's Statistic subclass with one method
+works (an object that is not one is refused, saying what it is), and the docs' example runs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from fedlightning.flower_app.secure_options import check_aggregator
 from fedlightning.privacy import ClientLevelDP, NoisedMean
 from fedlightning.protocol import ClientKeys, Upload
 from fedlightning.server import FedAdam, FedAvg, FedAvgM, FedNova, Krum, MultiKrum
-from fedlightning.server.statistics import CenteredClip, Median, StatisticContext, TrimmedMean
+from fedlightning.server.statistics import (
+    CenteredClip,
+    Median,
+    Statistic,
+    StatisticContext,
+    TrimmedMean,
+)
 from fedlightning.server.statistics import Krum as KrumRule
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms.md"
@@ -89,7 +95,7 @@ def test_the_rules_read_the_statistic_not_the_class():
         dp_nova.setup({"w": torch.zeros(2)}, 4)
 
 
-class OnlyStartUpCheck:
+class OnlyStartUpCheck(Statistic):
     """A user's statistic with ``check_byzantine`` alone: each round is tested by it too."""
 
     def __init__(self):
@@ -126,18 +132,43 @@ def test_each_rounds_breakdown_check_is_the_statistics_read_through_the_aggregat
 def test_a_statistic_and_a_shorthand_together_are_refused():
     with pytest.raises(ConfigurationError, match="give the statistic alone"):
         FedAvg(aggregation="median", statistic=Median())
-    with pytest.raises(ConfigurationError, match="has no method combine"):
-        FedAvg(statistic=object())  # type: ignore[arg-type]
 
 
-class CoordinateMax:
-    """A user's statistic: any object with ``combine``, no base class, no state."""
+class Duck:
+    """An object with ``combine`` that is no Statistic."""
+
+    def combine(self, uploads, weights, context):
+        return dict(uploads[0])
+
+
+@pytest.mark.parametrize(
+    ("given", "what"),
+    [
+        (object(), "a plain object"),
+        (Duck(), "an instance of Duck (a class derived from object)"),
+        (Duck, "a class derived from object"),
+        (len, "a function"),
+        (torch, "a module"),
+    ],
+)
+def test_an_object_that_is_not_a_statistic_is_refused_saying_what_it_is(given, what):
+    with pytest.raises(ConfigurationError) as refused:
+        FedAvg(statistic=given)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"loop.aggregator.init_args.statistic={type(given).__name__} is {what}, not a Statistic: "
+        "a statistic subclasses fedlightning.server.statistics.Statistic and writes "
+        "combine(uploads, weights, context) (docs/algorithms.md section 2.8)"
+    )
+
+
+class CoordinateMax(Statistic):
+    """A user's statistic: one method, no state, every capability the base's default."""
 
     def combine(self, uploads, weights, context: StatisticContext):
         return {k: torch.stack([u[k] for u in uploads]).amax(dim=0) for k in context.model}
 
 
-def test_any_object_with_combine_is_a_statistic():
+def test_a_statistic_of_ones_own_with_one_method():
     agg = FedAvgM(server_lr=1.0, server_momentum=0.0, statistic=CoordinateMax())
     agg.setup({"w": torch.zeros(3, dtype=torch.float64)}, 5)
     agg.aggregate(0, uploads())

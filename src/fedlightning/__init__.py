@@ -10,12 +10,12 @@ checks every import in ``src/fedlightning`` (typing-only and function-level impo
 =====  ==========================================================================================
 layer  packages and top-level modules
 =====  ==========================================================================================
-0      errors seeding gc_tuning lazy protocol round_components placement metrics compute training
+0      errors seeding gc_tuning lazy protocol placement metrics compute training
        state tracking recorded_args optim_config signals torch_settings fingerprint scoring
-       folder_lock
+       folder_lock folder_owner
        config_checks determinism fit_steps
 1      models data server analysis
-2      clients run_config attacks privacy
+2      clients run_config attacks privacy round_components
 3      fit
 4      flower_app
 5      backends

@@ -6,7 +6,10 @@ and what fits there, from :mod:`fedlightning.cli_catalog`:
 
 - a class name that is not of the option's kind says where it belongs
   (``FedProx is a client objective: --model FedProx, or -c configs/fedprox.yaml``) and the closest
-  names of the right kind; an unknown name or class path names the closest ones;
+  names of the right kind; a class path that imports something else says what it is and what is
+  expected (``mine.Max is a class derived from object, not a subclass of
+  fedlightning.server.statistics.Statistic``); an unknown name or class path names the closest
+  ones;
 - an option the chosen class does not take names the classes of its kind that take it, or else
   the class's closest options;
 - an unrecognized option names the closest options; a key of a config file that no option has
@@ -31,7 +34,8 @@ import yaml
 
 from fedlightning.cli_catalog import Kind, kind_of_base, kinds_of
 from fedlightning.cli_errors import config_arguments
-from fedlightning.errors import closest, did_you_mean
+from fedlightning.errors import closest, did_you_mean, what_it_is
+from fedlightning.run_config import canonical_class_path
 
 _KEY = re.compile(r'Parser key "([^"]+)":')
 _BAD_NAME = re.compile(r"Expected a dot import path string: (\S+)|Expected a path but (.+?) either")
@@ -42,6 +46,7 @@ _BAD_PATH = re.compile(
 _NOT_ACCEPTED = re.compile(
     r"Problem with given class_path '([^']+)':\s*\n\s*Option '([^']+)' is not accepted"
 )
+_NOT_SUBCLASS = re.compile(r"Import path (\S+) does not correspond to a subclass of")
 _BASE = re.compile(r"Subtypes: \[(?:<class '|list\[)([\w.]+)")
 _EXPECTED = re.compile(r"Expected an? (.+?)\. Got value: (.*)")
 _LITERAL = re.compile(r"typing\.Literal\[(.*)\]")
@@ -95,7 +100,10 @@ def _explain(message: str, options: Sequence[str]) -> str:
         )
     if (names := _BAD_NAME.findall(message)) and not _NOT_ACCEPTED.search(message):
         name = next(group for group in names[-1] if group)
-        return f"{key}: {_misplaced(name.rsplit('.', 1)[-1], kind) or _unknown(name, kind)}"
+        if not_subclass := _NOT_SUBCLASS.search(message):  # a class path in a YAML mapping
+            name = not_subclass[1]
+        misplaced = _misplaced(name.rsplit(".", 1)[-1], kind)
+        return f"{key}: {misplaced or _unknown(name, kind, base[-1] if base else None)}"
     if not_accepted := _NOT_ACCEPTED.search(message):
         return f"{key}.init_args.{not_accepted[2]}: {_option_hint(*not_accepted.groups(), kind)}"
     if expected := _EXPECTED.search(message):
@@ -179,7 +187,15 @@ def _misplaced(name: str, kind: Kind | None) -> str | None:
     return f"{name} is {_a(other.what)}: {where}{_closest_of(name, kind)}"
 
 
-def _unknown(name: str, kind: Kind | None) -> str:
+def _unknown(name: str, kind: Kind | None, base: str | None) -> str:
+    """``name`` names no class of ``kind`` (subclasses of ``base``): what it names instead
+    when it imports, else the closest names."""
+    found = _import(name) if "." in name else None
+    if found is not None and base is not None:
+        expected = f"a subclass of {canonical_class_path(base)}"
+        if kind is not None:
+            expected = f"{_a(kind.what)} ({expected})"
+        return f"{name} is {what_it_is(found)}, not {expected}"
     if kind is None:
         return f"{name} is not a class that can be imported: give its full class path"
     return f"no {kind.what} is called {name}{_closest_of(name, kind, own='.' not in name)}"

@@ -181,7 +181,8 @@ def run_seed(args: list[str], seed: int) -> SeedRun:
     Ray task: it runs in a worker process)."""
     cli = fit_command([*args, "--loop.seed", str(seed)], subdirectory=f"seed_{seed}")
     history, scored = cli.trainer.history, cli.trainer.reporter.scored
-    return SeedRun(seed, str(cli.trainer.run_dir), dict(history[-1]) if history else {}, scored)
+    run_dir = str(cli.trainer.options.run_dir)
+    return SeedRun(seed, run_dir, dict(history[-1]) if history else {}, scored)
 
 
 def _seeds_on_ray(

@@ -67,7 +67,7 @@ def test_command(argv: list[str]) -> None:
         architectures = {name: entry["architecture"] for name, entry in models.items()}
         source = f"{MODELS_FILE} (round {rounds})"
     else:
-        run = prepare_run(loop.start_options(), model, dm, str(checkpoint))
+        run = prepare_run(loop.parts(), model, dm, str(checkpoint))
         scoring, deployables = run.scoring, loop.aggregator.deployables()
         scoring.prepare(loop.store, deployables)
         loaders = {name: functools.partial(scoring.load, w) for name, w in deployables.items()}

@@ -58,7 +58,7 @@ def check_sweep(args: Sequence[str], seeds: Sequence[int], sweep: Sweep) -> Swee
     plan = FederatedCLI(args=list(args[1:]), run=False)
     loop = plan.trainer
     result = SweepPlan(
-        Path(loop.run_dir), bool(loop.init_args["plots"]),
+        loop.options.run_dir, loop.reporter.plots,
         loop.backend if isinstance(loop.backend, RayBackend) else None,
     )  # fmt: skip
     del plan, loop  # its data module: no copy of the data set held through the sweep
@@ -69,9 +69,10 @@ def check_sweep(args: Sequence[str], seeds: Sequence[int], sweep: Sweep) -> Swee
                 args=[*args[1:], "--loop.seed", str(seed)], run=False,
                 subdirectory=f"seed_{seed}",
             )  # fmt: skip
-            if not cli.trainer.overwrite:
+            options = cli.trainer.options
+            if not options.overwrite:
                 sweep.refuse_results(seed)
-            check_run_dir(cli.trainer.run_dir, overwrite=cli.trainer.overwrite)
+            check_run_dir(options.run_dir, overwrite=options.overwrite)
             cli.datamodule.setup("fit")  # the seed's partition
     return result
 

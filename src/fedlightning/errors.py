@@ -2,6 +2,7 @@
 
 import difflib
 import errno
+import inspect
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +37,23 @@ def did_you_mean(name: str, choices: Sequence[str]) -> str:
     """``"; the closest: a, b"`` (nothing when no choice is close)."""
     near = closest(name, choices)
     return f"; the closest: {', '.join(near)}" if near else ""
+
+
+def what_it_is(value: object) -> str:
+    """What ``value`` is, in words, for a message that refuses it where a subclass of some base
+    is expected: ``a class derived from object``, ``a function``, ``a module``, ``an instance of
+    CoordinateMax (a class derived from object)``."""
+    if isinstance(value, type):
+        bases = ", ".join(f"{b.__module__}.{b.__qualname__}".removeprefix("builtins.")
+                          for b in value.__bases__)  # fmt: skip
+        return f"a class derived from {bases}"
+    if inspect.ismodule(value):
+        return "a module"
+    if inspect.isroutine(value):
+        return "a function"
+    if type(value) is object:
+        return "a plain object"
+    return f"an instance of {type(value).__qualname__} ({what_it_is(type(value))})"
 
 
 def unknown_name(what: str, name: str, choices: Sequence[str]) -> ConfigurationError:

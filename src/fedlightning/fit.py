@@ -18,6 +18,7 @@ run's :class:`~fedlightning.compute.Compute`, resolved once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 from functools import partial
@@ -124,9 +125,9 @@ class ClientFitter:
         else:
             path = self.path(model)
             if path == "trainer":
-                num_steps = self._trainer_fit(model, batches)
+                num_steps = self._trainer_fit(model, batches, job.max_steps)
             else:
-                num_steps = self._optimize(model, batches, lean=path == "lean")
+                num_steps = self._optimize(model, batches, path == "lean", job.max_steps)
             result = fit_result(model, job, num_samples, num_steps)
         watch.ended()
         return result
@@ -141,13 +142,14 @@ class ClientFitter:
         scaled = PRECISION_PATHS[self.config.precision].skips_steps
         return "lean" if self.lean and not scaled else "fabric"
 
-    def _trainer_fit(self, model: ClientModule, batches: Iterable[Any]) -> int:
+    def _trainer_fit(self, model: ClientModule, batches: Iterable[Any], budget: int | None) -> int:
         config = self.config
+        caps = [cap for cap in (config.local_steps, budget) if cap is not None]
         trainer = lean_trainer(
             config.accelerator,
             config.precision,
             max_epochs=-1 if config.local_steps else config.local_epochs,
-            max_steps=config.local_steps or -1,
+            max_steps=min(caps) if caps else -1,
             limit_val_batches=0,
             gradient_clip_val=config.gradient_clip_val,
             gradient_clip_algorithm=config.gradient_clip_algorithm,
@@ -155,12 +157,14 @@ class ClientFitter:
         trainer.fit(model, train_dataloaders=batches)
         return trainer.global_step
 
-    def _optimize(self, model: ClientModule, batches: Iterable[Any], lean: bool) -> int:
+    def _optimize(
+        self, model: ClientModule, batches: Iterable[Any], lean: bool, budget: int | None = None
+    ) -> int:
         """The automatic-optimization loop, Lightning's order: per batch ``zero_grad``,
         ``training_step`` under the precision's autocast, backward (scaled for ``16-mixed``),
         optional clipping (on unscaled gradients), the optimizer step (skipped by the scaler on
         non-finite gradients), then step-interval schedulers; epoch-interval schedulers after
-        each pass. Its calls come from :func:`~fedlightning.fit_steps.lean_steps` or
+        each pass; at most ``budget`` steps (the job's ``max_steps``). Its calls come from :func:`~fedlightning.fit_steps.lean_steps` or
         :func:`~fedlightning.fit_steps.fabric_steps`."""
         config = self.config
         optimizer, schedulers = split_optimizers(model.configure_optimizers())
@@ -174,8 +178,10 @@ class ClientFitter:
         model.train()
         steps, epoch, max_steps = 0, 0, config.local_steps
         monitored = any(c.monitor is not None for c in schedulers)
-        while (max_steps is None and epoch < config.local_epochs) or (
-            max_steps is not None and steps < max_steps
+        limit = math.inf if budget is None else budget
+        while steps < limit and (
+            (max_steps is None and epoch < config.local_epochs)
+            or (max_steps is not None and steps < max_steps)
         ):
             epoch_loss: Any = (
                 0.0  # a tensor sum: read (a device sync) only by a monitored scheduler
@@ -196,7 +202,7 @@ class ClientFitter:
                 # Lightning counts step-interval frequencies by the batch index within the epoch
                 if schedulers:
                     step_schedulers(schedulers, "step", batch_idx + 1, epoch_loss / epoch_batches)
-                if steps == max_steps:
+                if steps == max_steps or steps == limit:
                     break
             if not epoch_batches:
                 break

@@ -87,12 +87,16 @@ class ClientJob:
         client_id: the client's index in ``[0, num_clients)``.
         payload: what the server sends this client.
         state: the client's persistent state (from the ClientStore; ``{}`` before its first fit).
+        max_steps: a step budget: the fit stops after this many optimizer steps, before its
+            ``local_epochs`` or ``local_steps`` are done (a straggler's partial work by a
+            deadline, docs/algorithms.md section 6.3); None: no budget.
     """
 
     round_index: int
     client_id: int
     payload: Payload
     state: dict[str, Any]
+    max_steps: int | None = None
 
 
 @dataclass

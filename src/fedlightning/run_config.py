@@ -12,7 +12,8 @@ run started from the CLI resumes from Python and the reverse when the options ar
   shows it (:meth:`fedlightning.cli_fit.FederatedCLI.resolved_config`, handed to the loop as
   ``loop.config_text``);
 - the Python API (``FederatedLoop.fit`` without the CLI): the constructor arguments actually
-  passed, as recorded at construction: the loop's ``init_args``, the objective's and the data
+  passed, as recorded at construction: the loop's (:mod:`fedlightning.recorded_args`), the
+  objective's and the data
   module's Lightning ``hparams`` (which include arguments forwarded through ``**kwargs``), and the
   aggregator's and backend's arguments recorded by :mod:`fedlightning.recorded_args` (``**kwargs``
   followed up the class hierarchy). Attributes are never read.
@@ -111,14 +112,15 @@ def normalise(value: Any) -> Any:
     return value
 
 
-def python_config(loop: Any, model: Any, datamodule: Any) -> dict[str, Any]:
+def python_config(loop_args: dict[str, Any], model: Any, datamodule: Any) -> dict[str, Any]:
     """The ``loop``/``model``/``data`` groups of a run started from Python (see the module
-    docstring); a data module of a subclass is ``{class_path, init_args}``."""
+    docstring; ``loop_args``: the loop's constructor arguments); a data module of a subclass is
+    ``{class_path, init_args}``."""
     data: Any = _hparams(datamodule)
     if type(datamodule) is not FederatedDataModule:  # the CLI's data group is this class's
         data = {"class_path": public_class_path(type(datamodule)), "init_args": data}
     return {
-        "loop": plain(loop.init_args),
+        "loop": plain(loop_args),
         "model": {"class_path": public_class_path(type(model)), "init_args": _hparams(model)},
         "data": data,
     }
@@ -131,27 +133,28 @@ def _hparams(module: Any) -> dict[str, Any]:
     return plain({k: v for k, v in hparams.items() if not str(k).startswith("_")})
 
 
-def resolved_config(loop: Any, model: Any, datamodule: Any) -> dict[str, Any]:
-    """The run's configuration, normalised (module docstring): the CLI's ``loop.config_text``
-    when the CLI started the run, else :func:`python_config`."""
-    if loop.config_text is not None:
-        parsed = yaml.safe_load(loop.config_text) or {}
+def resolved_config(parts: Any, model: Any, datamodule: Any) -> dict[str, Any]:
+    """The run's configuration, normalised (module docstring): the CLI's ``config_text`` when
+    the CLI started the run, else :func:`python_config` of the loop's arguments (``parts``: the
+    loop's :class:`~fedlightning.loop.options.RunParts`)."""
+    if parts.config_text is not None:
+        parsed = yaml.safe_load(parts.config_text) or {}
         config = {group: parsed.get(group) for group in GROUPS}
     else:
-        config = python_config(loop, model, datamodule)
+        config = python_config(parts.loop_args, model, datamodule)
     config = normalise(config)
     loop_group = config["loop"]
     for name in ("aggregator", "backend"):  # null: the default the loop made
         if loop_group.get(name) is None:
-            loop_group[name] = normalise(plain(getattr(loop, name)))
-    loop_group["run_dir"] = str(loop.run_dir)
+            loop_group[name] = normalise(plain(getattr(parts, name)))
+    loop_group["run_dir"] = str(parts.options.run_dir)
     return config
 
 
-def config_yaml(loop: Any, model: Any, datamodule: Any) -> tuple[str, str]:
+def config_yaml(parts: Any, model: Any, datamodule: Any) -> tuple[str, str]:
     """``(text, what wrote it)`` of ``run_dir/config.yaml``: the CLI's resolved config as it
     parsed it, or a Python-API run's :func:`resolved_config`."""
-    if loop.config_text is not None:
-        return loop.config_text, "fit: the resolved config of this run"
-    text = yaml.safe_dump(resolved_config(loop, model, datamodule), sort_keys=False)
+    if parts.config_text is not None:
+        return parts.config_text, "fit: the resolved config of this run"
+    text = yaml.safe_dump(resolved_config(parts, model, datamodule), sort_keys=False)
     return text, "FederatedLoop.fit, Python API: the config of this run"

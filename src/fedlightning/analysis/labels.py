@@ -40,6 +40,9 @@ LABELS: dict[str, str] = {
     "comm_sent_total": "Communication sent (MB)",
     "comm_received_total": "Communication received (MB)",
     "dp_noise_multiplier": "Noise multiplier",
+    "virtual_time": "Virtual time (s)",
+    "staleness_mean": "Mean staleness (server updates)",
+    "staleness_max": "Largest staleness (server updates)",
 }
 #: columns counted in bytes, drawn in megabytes (10^6 bytes)
 BYTES = ("comm_sent_bytes", "comm_received_bytes", "comm_sent_total", "comm_received_total")

@@ -203,7 +203,9 @@ class CohortBackend(Backend):
                              derive_seed(config.seed, "fit", round_index, job.client_id), config)
             for job in jobs
         ]  # fmt: skip
-        plan = RoundPlan.build(loaders, config.local_epochs, config.local_steps, device)
+        plan = RoundPlan.build(
+            loaders, config.local_epochs, config.local_steps, device, [j.max_steps for j in jobs]
+        )
         with step.context(), wrapper.vectorized(), _vmap_refusal(model):
             self._train(step, plan)
         stacked = {**params, **buffers, **context}

@@ -59,13 +59,22 @@ class RoundPlan:
 
     @classmethod
     def build(
-        cls, loaders: Sequence[Any], epochs: int, max_steps: int | None, device: torch.device
+        cls,
+        loaders: Sequence[Any],
+        epochs: int,
+        max_steps: int | None,
+        device: torch.device,
+        budgets: Sequence[int | None] | None = None,
     ) -> RoundPlan:
         """The plan of clients whose loaders are ``loaders`` (one per cohort position), for
-        ``epochs`` passes or exactly ``max_steps`` steps."""
+        ``epochs`` passes or exactly ``max_steps`` steps, each client stopping after its step
+        budget (``budgets``, its job's ``max_steps``) if it has one."""
         rows, offset = [], 0
-        for loader in loaders:
-            rows.append([batch + offset for batch in _client_batches(loader, epochs, max_steps)])
+        budgets = budgets if budgets is not None else [None] * len(loaders)
+        for loader, budget in zip(loaders, budgets, strict=True):
+            batches = _client_batches(loader, epochs, max_steps)
+            batches = batches if budget is None else batches[:budget]
+            rows.append([batch + offset for batch in batches])
             offset += len(loader.y)
         x = torch.cat([loader.x for loader in loaders]).to(device)
         y = torch.cat([loader.y for loader in loaders]).to(device)

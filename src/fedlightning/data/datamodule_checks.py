@@ -31,10 +31,10 @@ def check_data_options(
         raise ConfigurationError(
             f"unknown partition {partition!r}: choose one of {', '.join(PARTITION_NAMES)}"
         )
-    if partition == "natural" and dataset not in ("femnist", "huggingface"):
+    if partition == "natural" and dataset not in ("femnist", "huggingface", "fedprox_synthetic"):
         raise ConfigurationError(
-            f"partition 'natural' needs a data set with its own users (femnist, or "
-            f"huggingface with source_options.client_column), got {dataset!r}"
+            f"partition 'natural' needs a data set with its own users (femnist, "
+            f"fedprox_synthetic, or huggingface with source_options.client_column), got {dataset!r}"
         )
     if num_clients < 1:
         raise ConfigurationError(f"num_clients must be >= 1, got {num_clients}")

@@ -26,6 +26,7 @@ SOURCES = (
     "femnist",
     "cinic10",
     "huggingface",
+    "fedprox_synthetic",
 )
 
 
@@ -66,7 +67,8 @@ def load_source(
     ``num_samples``, ``num_test``, ``num_classes``, ``sample_shape`` and ``noise`` only apply to
     ``synthetic``; ``emnist_split`` only to ``emnist``; ``writer_*`` only to ``femnist``
     (:func:`fedlightning.data.leaf.load_leaf`); ``source_options`` only to ``huggingface``
-    (:mod:`fedlightning.data.hf_source`).
+    (:mod:`fedlightning.data.hf_source`) and ``fedprox_synthetic`` (``alpha``, ``beta``,
+    ``devices``: :mod:`fedlightning.data.fedprox_synthetic`).
     """
     if name == "digits":
         return load_digits()
@@ -88,6 +90,10 @@ def load_source(
         from fedlightning.data.hf_source import load_huggingface
 
         return load_huggingface(root, source_options)
+    if name == "fedprox_synthetic":
+        from fedlightning.data.fedprox_synthetic import load_fedprox_synthetic
+
+        return load_fedprox_synthetic(seed, source_options)
     raise unknown_name("data set", name, SOURCES)
 
 

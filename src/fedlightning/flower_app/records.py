@@ -49,6 +49,7 @@ def jobs_blob(
                     "weights": job.payload.weights,  # tensors on any device: encode copies
                     "extras": job.payload.extras,  # them to the CPU, each shared one once
                     "state": job.state,
+                    "max_steps": job.max_steps,
                 }
                 for job in jobs
             ],
@@ -68,6 +69,7 @@ def read_jobs(
             int(job["client"]),
             Payload(job["weights"], job["extras"], int(job["model_index"])),
             job["state"],
+            job.get("max_steps"),
         )  # fmt: skip
         for job in value["jobs"]
     ]

@@ -15,7 +15,6 @@ from fedlightning.recorded_args import recorded_init_args
 from fedlightning.server import FedAdam, FedAvg, FedAvgM
 from fedlightning.server.base import Aggregator
 from fedlightning.server.inco import InCo
-from fedlightning.server.statistics.base import flag
 
 PREFIX = "loop.backend.init_args."
 #: the SecAgg+ options and their defaults (Flower's, but for the shares: every node holds a share
@@ -138,8 +137,8 @@ def check_aggregator(aggregator: Aggregator) -> str:
     name = type(aggregator).__name__
     statistic = getattr(aggregator, "statistic", None)
     why = WHY_NOT.get(name)
-    if why is None and statistic is not None and not flag(statistic, "weighted_mean"):
-        option = getattr(statistic, "option", "loop.aggregator.init_args.statistic")
+    if why is None and statistic is not None and not statistic.weighted_mean:
+        option = statistic.option
         why = (
             f"its statistic {type(statistic).__name__} ({option}) reads each client's upload, "
             "not only their sum (a robust statistic or per-client clipping, docs/algorithms.md "

@@ -2,8 +2,8 @@
 (docs/algorithms.md section 8.1), and the breakdown check that no round escapes (section 8,
 "Breakdown points").
 
-:func:`prepare_attack` (from :func:`fedlightning.loop.startup.prepare_run`, before anything is
-written) draws the malicious clients, computes ``f``, the most of them a round can hold
+:func:`prepare_attack` (from the :class:`~fedlightning.loop.components.Adversary` component's
+set-up, at start-up, before anything is written) draws the malicious clients, computes ``f``, the most of them a round can hold
 (:func:`most_malicious_per_round`, in closed form: start-up does not depend on the number of
 rounds), and has the attack, the aggregator and the backend refuse what they cannot serve
 (:meth:`~fedlightning.server.base.Aggregator.check_byzantine`; a backend that delivers the server
@@ -27,7 +27,7 @@ from fedlightning.attacks.base import Attack, AttackRound
 from fedlightning.backends.base import Backend
 from fedlightning.errors import ConfigurationError, RunStopped
 from fedlightning.loop.summary import RunSummary
-from fedlightning.protocol import FitConfig, Payload, Upload
+from fedlightning.protocol import Payload, Upload
 from fedlightning.server.base import Aggregator, restrict
 
 log = logging.getLogger("fedlightning")
@@ -121,22 +121,19 @@ def most_malicious_per_round(
 
 
 def prepare_attack(
-    attack: Attack | None,
+    attack: Attack,
     aggregator: Aggregator,
     backend: Backend,
-    fit_config: FitConfig,
     num_clients: int,
     per_round: int,
     sampling: str,
     seed: int,
-) -> tuple[Adversary | None, FitConfig]:
-    """The run's :class:`Adversary` (``None`` without an attack) and its fit config (with the
-    label-flipping clients); refuses an attack the aggregator cannot tolerate in a round of
-    ``per_round`` clients (the expected size under Poisson ``sampling``), the attack cannot form
-    or the backend cannot carry, with a ConfigurationError naming the option."""
-    if attack is None:
-        aggregator.check_byzantine(per_round, 0)
-        return None, fit_config
+) -> tuple[Adversary, tuple[int, ...]]:
+    """The run's :class:`Adversary` and the clients whose fits train on flipped labels (a
+    label-flipping attack's malicious clients; none otherwise); refuses an attack the aggregator
+    cannot tolerate in a round of ``per_round`` clients (the expected size under Poisson
+    ``sampling``), the attack cannot form or the backend cannot carry, with a ConfigurationError
+    naming the option."""
     if not attack.poisons_labels and not backend.individual_uploads:
         raise ConfigurationError(
             f"loop.attack={type(attack).__name__} replaces the malicious clients' uploads on the "
@@ -161,6 +158,4 @@ def prepare_attack(
         len(malicious), num_clients, how,
     )  # fmt: skip
     flipped = tuple(sorted(malicious)) if attack.poisons_labels else ()
-    return Adversary(attack, malicious, seed), dataclasses.replace(
-        fit_config, label_flip_clients=flipped
-    )
+    return Adversary(attack, malicious, seed), flipped

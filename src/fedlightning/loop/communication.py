@@ -58,13 +58,15 @@ def message_bytes(message: Payload | Upload) -> int:
 
 
 class CommunicationMeter(RoundComponent):
-    """Counts the bytes of each round's payloads and uploads and keeps the running totals."""
+    """Counts the bytes of each round's payloads and uploads and keeps the running totals
+    (declared state ``sent_total``, ``received_total``). Always on."""
 
     name = "communication"
+    transient_attributes = frozenset({"last"})
 
     def __init__(self) -> None:
-        self.sent_total = 0
-        self.received_total = 0
+        self.add_state("sent_total", 0)
+        self.add_state("received_total", 0)
         self.last: dict[str, int] = {}  # the latest round's columns
 
     def on_results(self, round: Round) -> None:
@@ -89,10 +91,3 @@ class CommunicationMeter(RoundComponent):
             "comm_sent_total": self.sent_total,
             "comm_received_total": self.received_total,
         }
-
-    def state_dict(self) -> dict[str, int]:
-        return {"sent_total": self.sent_total, "received_total": self.received_total}
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        self.sent_total = int(state.get("sent_total", 0))
-        self.received_total = int(state.get("received_total", 0))

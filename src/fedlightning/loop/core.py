@@ -1,20 +1,14 @@
 """FederatedLoop: runs rounds; the LightningCLI ``trainer_class`` (config key ``loop``).
 
-A round reads as the algorithm (:meth:`FederatedLoop._round`): sample clients from
-``(seed, round)``, dispatch the aggregator's payloads, train on the backend, screen the results
-(the failure policy), aggregate, evaluate, record. Every feature around it (the communication
-meter, the targets, the privacy report, the adversary, the server guard, the checkpoint writer)
-is a round component that start-up builds once per run and the round calls at named points
-(:mod:`fedlightning.round_components`, docs/algorithms.md section 6.2). The loop knows that
-protocol, the payload/upload contract (:mod:`fedlightning.protocol`) and the Backend protocol,
-and nothing of what an objective optimises, how an aggregator combines, how a backend fits or
-what a component does.
+It takes the run's options (grouped at construction, :mod:`fedlightning.loop.options`), its parts
+(aggregator, backend, round components) and runs ``fit``: start-up
+(:mod:`fedlightning.loop.startup`), then the rounds (:mod:`fedlightning.loop.rounds`, where a
+round reads as the algorithm and every feature around it is a round component, docs/algorithms.md
+section 6.2), inside the locked run directory.
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
 from typing import Any, Literal
 
 from lightning.pytorch.loggers import Logger
@@ -24,44 +18,47 @@ from fedlightning.backends.auto import AutoBackend
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
-from fedlightning.determinism import deterministic_compute, prepare_environment
+from fedlightning.determinism import check_deterministic, deterministic_compute, prepare_environment
 from fedlightning.errors import ConfigurationError
-from fedlightning.loop.arguments import check_arguments
+from fedlightning.loop.arguments import (
+    check_backend,
+    check_fit_config,
+    client_store,
+    dp_sgd_settings,
+)
 from fedlightning.loop.checkpoint import read_checkpoint
-from fedlightning.loop.options import RunOptions, fit_config_from, reporter_from
+from fedlightning.loop.components import configured_components
+from fedlightning.loop.options import RunOptions, RunParts, run_directory
+from fedlightning.loop.reporting import Reporter
 from fedlightning.loop.rounds import Rounds
 from fedlightning.loop.run_state import RunState
 from fedlightning.loop.rundir import RunDirectory, interrupted, storage_error
 from fedlightning.loop.startup import open_run, prepare_run
 from fedlightning.loop.summary import RunSummary
 from fedlightning.privacy.dp_sgd import DPSGD
-from fedlightning.round_components import Row
+from fedlightning.protocol import FitConfig
+from fedlightning.recorded_args import RecordsInitArgs, recorded_init_args
+from fedlightning.round_components import RoundComponent, Row
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.signals import StopSignal, signal_number, stop_on_signals
-from fedlightning.state import ClientStore
 from fedlightning.tracking import wandb_storage_error
 from fedlightning.training import cpu_compute, quiet_lightning
-
-log = logging.getLogger("fedlightning")
 
 __all__ = ["FederatedLoop"]
 
 
-class FederatedLoop:
+class FederatedLoop(RecordsInitArgs):
     """Runs federated training rounds.
 
     Each round ``r`` (0-based): sample ``clients_per_round`` clients from ``(seed, r)``; ask the
     aggregator for their payloads; fit each client's module for ``local_epochs`` epochs (or
     ``local_steps`` optimizer steps) on the ``backend``, seeded from ``(seed, r, client)``;
-    aggregate the successful uploads; every ``eval_every`` rounds evaluate the deployable model(s)
-    on the global test set and the global model on the scored clients' validation splits
-    (``val_clients``); report; checkpoint atomically (written in the background,
-    :mod:`fedlightning.loop.checkpoint_writer`). The rounds run in
-    :class:`~fedlightning.loop.rounds.Rounds`, the features around them as round components
-    (docs/algorithms.md section 6.2). ``__init__`` is over 60 lines by its signature alone: one
-    argument per option of the CLI's ``loop:`` section; its body checks them and builds the
-    loop's parts.
+    aggregate the successful uploads; every ``eval_every`` rounds evaluate; report; checkpoint
+    (:class:`~fedlightning.loop.rounds.Rounds`; the features around a round are round
+    components, docs/algorithms.md section 6.2). ``__init__`` is over 60 lines by its signature
+    alone: one argument per option of the CLI's ``loop:`` section; its body puts each, by name,
+    in its group (:mod:`fedlightning.loop.options`), where it is checked.
 
     Args:
         rounds: number of communication rounds R.
@@ -85,10 +82,8 @@ class FederatedLoop:
         seed: seeds sampling, client fits, model initialisation (CLI) and the partition.
         eval_every: evaluate every this many rounds (and always after the last round).
         val_clients: the clients whose validation splits an evaluated round scores (``val_acc``):
-            ``all``, or an integer K: every client when there are at most K, otherwise K clients
-            sampled from ``(seed, round)`` afresh each evaluated round, so evaluation does not
-            grow with the number of clients (``val_acc`` is then the mean over the sample;
-            :mod:`fedlightning.loop.evaluation`). Default 100.
+            ``all``, or K: every client when there are at most K, otherwise K sampled from
+            ``(seed, round)`` afresh each evaluated round (:mod:`fedlightning.loop.evaluation`).
         run_dir: where ``config.yaml``, ``partition.csv``, ``metrics.csv``, ``last.ckpt``,
             ``global.pt`` and ``models.pt`` (every deployable: :mod:`fedlightning.loop.deployables`)
             go (default ``runs/<config name>`` from the CLI, ``runs/run`` otherwise).
@@ -99,10 +94,8 @@ class FederatedLoop:
             way, failures that are bugs stop the run (:mod:`fedlightning.loop.failures`). A round
             that leaves NaN/Inf in the server state or a non-finite test loss is a failed round
             too: its aggregation is undone (:mod:`fedlightning.loop.server_guard`).
-        client_state: keep per-client state in ``memory`` (every checkpoint then holds every
-            client's state, so its cost grows with the clients that have state) or on ``disk``
-            under ``run_dir/client_state`` (a file per client; memory and checkpoints stay the
-            same size however many clients have state: :mod:`fedlightning.state.disk`).
+        client_state: keep per-client state in ``memory`` (in every checkpoint) or on ``disk``
+            under ``run_dir/client_state`` (a file per client: :mod:`fedlightning.state.disk`).
         plots: write ``partition.png`` and ``curves.png`` to the run directory.
         loggers: Lightning loggers besides ``metrics.csv`` (always written), each by
             ``class_path`` (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``...); each
@@ -128,10 +121,10 @@ class FederatedLoop:
         onednn: use oneDNN (MKL-DNN) CPU kernels during the run. Off by default: torch 2.14.1's
             oneDNN convolution backward corrupted the heap (the process aborts) on this project's
             CPUs; see :func:`fedlightning.training.cpu_compute`. No effect on GPU kernels.
-        target_acc: report the first evaluated round (and the wall time) at which ``test_acc``
-            reaches this value (``rounds_to_target``, ``time_to_target_s``;
-            :mod:`fedlightning.loop.targets`); null: off. Every evaluated row also has the
-            communication columns of :mod:`fedlightning.loop.communication`.
+        target_acc: shorthand for the target tracker's ``target`` (a
+            :class:`~fedlightning.loop.targets.TargetTracker` in ``components``): report the first
+            evaluated round (and the wall time) at which ``test_acc`` reaches this value
+            (``rounds_to_target``, ``time_to_target_s``); null: off.
         overwrite: replace the results of an earlier run in ``run_dir`` (by default a run refuses
             a directory holding another run's results unless it resumes from ``ckpt_path``; see
             :mod:`fedlightning.loop.rundir`).
@@ -139,9 +132,11 @@ class FederatedLoop:
             many rounds (at evaluated rounds).
         max_skipped_fraction: the run fails (exit status 1 from the CLI) when more than this
             fraction of its rounds skipped aggregation, or when no round aggregated.
-        attack: Byzantine clients for robustness experiments (``fedlightning.attacks``: a seeded
-            fraction or a list of malicious clients and what they do; docs/algorithms.md section
-            8.1); every evaluated row then has ``malicious_uploads``. Null: none.
+        attack: shorthand for the adversary's ``attack`` (an
+            :class:`~fedlightning.loop.components.Adversary` in ``components``): Byzantine
+            clients for robustness experiments (``fedlightning.attacks``: a seeded fraction or a
+            list of malicious clients and what they do; docs/algorithms.md section 8.1); every
+            evaluated row then has ``malicious_uploads``. Null: none.
         client_sampling: ``fixed``: ``clients_per_round`` clients a round, drawn uniformly
             without replacement; ``poisson``: each client independently with probability
             ``q = clients_per_round / num_clients`` (or the fraction given), so a round may have
@@ -155,6 +150,12 @@ class FederatedLoop:
             without a deterministic implementation stops the run naming it; ``warn``: such an op
             runs with a warning; ``false``: torch's fastest kernels (:mod:`fedlightning.
             determinism`, docs/algorithms.md section 9.1). Part of the run's identity.
+        components: round components of the run besides the built-ins, each by ``class_path``
+            and ``init_args`` (yours, or the built-in ``TargetTracker`` and ``Adversary`` the
+            shorthands ``target_acc`` and ``attack`` also configure: one spelling per run); they
+            run after the built-ins, in the order listed (:mod:`fedlightning.loop.components`,
+            docs/algorithms.md section 6.2; time: ``SystemModel``, ``FedBuff``, ``FedAsync``,
+            sections 6.3-6.4). Part of the run's identity.
     """
 
     def __init__(
@@ -197,26 +198,34 @@ class FederatedLoop:
         client_sampling: Literal["fixed", "poisson"] = "fixed",
         dp_sgd: DPSGD | None = None,
         deterministic: bool | Literal["warn"] = True,
+        components: list[RoundComponent] | None = None,
     ) -> None:
-        self.init_args = {k: v for k, v in locals().items() if k != "self"}  # config.yaml
-        check_arguments(**self.init_args)
+        check_deterministic(deterministic)
         prepare_environment(deterministic)  # cuBLAS reads it when CUDA starts: before any fit
-        self.rounds, self.clients_per_round, self.seed = rounds, clients_per_round, seed
+        self.options = RunOptions(
+            rounds=rounds, clients_per_round=clients_per_round, client_sampling=client_sampling,
+            min_clients=min_clients, seed=seed, eval_every=eval_every, val_clients=val_clients,
+            run_dir=run_directory(run_dir), overwrite=overwrite,
+            checkpoint_every=checkpoint_every, on_round_failure=on_round_failure,
+            max_skipped_fraction=max_skipped_fraction,
+        )  # fmt: skip
+        self.fit_config = FitConfig(
+            local_epochs=local_epochs, local_steps=local_steps, precision=precision,
+            accelerator=accelerator, seed=seed, gradient_clip_val=gradient_clip_val,
+            gradient_clip_algorithm=gradient_clip_algorithm, fit_with=fit_with,
+            num_threads=num_threads, onednn=onednn, dp_sgd=dp_sgd_settings(dp_sgd),
+            deterministic=deterministic,
+        )  # fmt: skip
+        check_fit_config(self.fit_config, devices)
+        self.reporter = Reporter(
+            self.options.run_dir, loggers or (), wandb,
+            {"project": wandb_project, "group": wandb_group, "tags": wandb_tags, "name": wandb_name},
+            progress_bar, plots, log_every,
+        )  # fmt: skip
         self.aggregator = aggregator if aggregator is not None else FedAvg()
-        self.backend = backend if backend is not None else AutoBackend()
-        self.attack, self.dp_sgd, self.target_acc = attack, dp_sgd, target_acc
-        self.fit_config = fit_config_from(self.init_args)
-        self.client_sampling, self.eval_every, self.val_clients = (
-            client_sampling,
-            eval_every,
-            val_clients,
-        )
-        self.run_dir = Path(run_dir if run_dir is not None else "runs/run")
-        self.checkpoint_every, self.min_clients = checkpoint_every, min_clients
-        self.on_round_failure, self.max_skipped_fraction = on_round_failure, max_skipped_fraction
-        self.overwrite = overwrite
-        self.store = ClientStore(client_state, self.run_dir / "client_state")
-        self.reporter = reporter_from(self.init_args, self.run_dir)
+        self.backend = AutoBackend() if check_backend(backend) is None else backend
+        self.components = configured_components(components, attack, target_acc)
+        self.store = client_store(client_state, self.options.run_dir)
         self.history: list[Row] = []
         self.summary = RunSummary()
         #: the resolved config the CLI writes to ``run_dir/config.yaml`` once every check passed
@@ -233,10 +242,14 @@ class FederatedLoop:
         """The rich console progress and the closing line go to (``console.quiet = True`` mutes it)."""
         return self.reporter.console
 
-    def start_options(self) -> RunOptions:
+    def parts(self) -> RunParts:
         """What start-up, the rounds and the round components read of this loop, taken now."""
-        names = RunOptions.__dataclass_fields__
-        return RunOptions(**{name: getattr(self, name) for name in names})
+        return RunParts(
+            options=self.options, fit_config=self.fit_config, aggregator=self.aggregator,
+            backend=self.backend, components=self.components, store=self.store,
+            reporter=self.reporter, history=self.history, summary=self.summary,
+            config_text=self.config_text, loop_args=recorded_init_args(self) or {},
+        )  # fmt: skip
 
     # -- public API -----------------------------------------------------------------------------
     def fit(
@@ -255,14 +268,17 @@ class FederatedLoop:
             raise ConfigurationError(
                 "FederatedLoop.fit needs a FederatedDataModule as `datamodule`"
             )
-        options = self.start_options()
-        self.run_state = run = prepare_run(options, model, datamodule, ckpt_path)
+        parts = self.parts()
+        self.run_state = run = prepare_run(parts, model, datamodule, ckpt_path)
         if run.checkpoint is not None:
             self.history[:] = run.checkpoint["history"]
-            if run.first_round >= self.rounds:  # nothing to train: the run's files stay as they are
-                return self.history[-1] if self.history else {}
-        overwrite = self.overwrite and run.checkpoint is None  # a resume rewrites its history
-        with RunDirectory(self.run_dir, overwrite, resuming=run.resumes_in_place or self.overwrite):
+        if run.nothing_to_train:  # decided (and said) by start-up: the run's files stay as they are
+            return self.history[-1] if self.history else {}
+        run_dir, overwrite = self.options.run_dir, self.options.overwrite
+        with RunDirectory(
+            run_dir, overwrite and run.checkpoint is None,  # a resume rewrites its history
+            resuming=run.resumes_in_place or overwrite,
+        ):  # fmt: skip
             with (
                 cpu_compute(self.fit_config.num_threads, self.fit_config.onednn),
                 deterministic_compute(self.fit_config.deterministic),
@@ -273,15 +289,13 @@ class FederatedLoop:
                     self.backend.start(
                         model, datamodule, run.fit_config, run.compute, self.reporter.client_done
                     )
-                    open_run(options, model, datamodule, run)
-                    return Rounds(options, run, datamodule).run()
+                    open_run(parts, model, datamodule, run)
+                    return Rounds(parts, run, datamodule).run()
                 except (KeyboardInterrupt, StopSignal) as stop:
                     raise interrupted(self._newest_checkpoint(), signal_number(stop)) from None
                 except OSError as error:  # the run's own files (or W&B's): never a client's
                     what = wandb_storage_error(error)  # W&B's folders under HOME are not the run's
-                    raise what or storage_error(
-                        error, self.run_dir, "write the run's files"
-                    ) from None
+                    raise what or storage_error(error, run_dir, "write the run's files") from None
                 finally:
                     self.reporter.release()  # a failed run's loggers (a finished run's are closed)
                     self.backend.stop()
@@ -290,7 +304,7 @@ class FederatedLoop:
     def _newest_checkpoint(self) -> tuple[int, str] | None:
         """``(rounds, path)`` of the checkpoint that resumes this run now: the file on disk is the
         truth (a Ctrl-C may land between its rename and the bookkeeping after it)."""
-        path = self.run_dir / "last.ckpt"
+        path = self.options.run_dir / "last.ckpt"
         try:
             return int(read_checkpoint(str(path))["round"]), str(path)
         except ConfigurationError:

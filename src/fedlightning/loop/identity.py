@@ -12,6 +12,11 @@ same structure from the CLI and from Python) plus facts derived from the objects
 - ``server_state``: the aggregator's declared states and how each starts
   (:meth:`~fedlightning.server.server_state.ServerState.declared_states`: a plug-in whose code now
   declares other state cannot continue the checkpoint);
+- ``components``: the run's configured round components (``loop.components`` with the
+  shorthands ``loop.attack`` and ``loop.target_acc``: the adversary, the target tracker, the
+  user's, in order), each ``{class_path, init_args}``
+  (:func:`~fedlightning.loop.components.identity.component_identity`); the always-on built-ins
+  have no options of their own and are left out;
 - ``backend_results``: whose numerics the backend's fits follow: ``sequential`` for
   SequentialBackend, RayBackend and AutoBackend where it runs sequential fits; ``cohort`` for
   CohortBackend (its vmapped fits follow another floating-point trajectory, e.g. with BatchNorm)
@@ -27,7 +32,13 @@ A resume (:func:`compare_identity`) may change only the options that cannot chan
 - ``loop.rounds`` (extending a run), ``loop.eval_every``, ``loop.val_clients`` (which clients
   an evaluation scores: metrics only), ``loop.checkpoint_every``;
 - reporting: ``loop.loggers``, ``loop.wandb`` and ``loop.wandb_*``, ``loop.plots``,
-  ``loop.progress_bar``, ``loop.log_every``, ``loop.target_acc``, ``loop.max_skipped_fraction``;
+  ``loop.progress_bar``, ``loop.log_every``, ``loop.max_skipped_fraction``;
+- a round component's options that it lists in ``resume_may_change`` (the target tracker's
+  ``target``, so ``loop.target_acc``): every other change of the components (one added, removed,
+  moved, or with another option) is refused in one line naming it, since its state would
+  restart, end or diverge mid-run
+  (:func:`~fedlightning.loop.components.identity.component_difference`). A checkpoint written
+  before the components were part of the identity has them derived from its config's shorthands;
 - where the run lives: ``loop.run_dir``, ``loop.overwrite``;
 - ``loop.backend`` (with its options) where ``backend_results`` stays the same (e.g.
   SequentialBackend to RayBackend, not to or from CohortBackend);
@@ -49,22 +60,21 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import torch
 
-from fedlightning.backends import (
-    AutoBackend,
-    Backend,
-    CohortBackend,
-    FlowerBackend,
-    RayBackend,
-    SequentialBackend,
-)
+from fedlightning.backends import Backend
 from fedlightning.errors import ConfigurationError
-from fedlightning.run_config import plain
+from fedlightning.loop.components.identity import (
+    component_difference,
+    component_identity,
+    components_of,
+)
+from fedlightning.loop.components.run_path import backend_results
+from fedlightning.loop.config_diff import NOT_SET, differences, short
 
 log = logging.getLogger("fedlightning")
 
@@ -83,11 +93,13 @@ RESUME_MAY_CHANGE = (
     "loop.plots",
     "loop.progress_bar",
     "loop.log_every",
-    "loop.target_acc",
     "loop.max_skipped_fraction",
     "loop.run_dir",
     "loop.overwrite",
 )
+#: the config options that configure round components: compared as ``components``
+#: (:mod:`fedlightning.loop.components.identity`), whichever spelling gave them
+COMPONENT_OPTIONS = ("loop.components", "loop.attack", "loop.target_acc")
 #: the backend option: it may change where ``backend_results`` stays the same
 BACKEND = "loop.backend"
 #: ``loop.deterministic``: it may change between these values (the same kernels wherever a run
@@ -113,16 +125,6 @@ NEW_RUN = (
 )
 
 
-class _NotSet:
-    """An option one side of a comparison lacks."""
-
-    def __repr__(self) -> str:
-        return "not set"
-
-
-NOT_SET = _NotSet()
-
-
 def architecture(state: dict[str, torch.Tensor]) -> str:
     """``"<n> tensors, <p> parameters, sha256 <12 hex>"`` of the server model's keys and shapes."""
     digest = hashlib.sha256()
@@ -130,20 +132,6 @@ def architecture(state: dict[str, torch.Tensor]) -> str:
         digest.update(f"{key}:{tuple(state[key].shape)}:{state[key].dtype};".encode())
     params = sum(v.numel() for v in state.values())
     return f"{len(state)} tensors, {params:,} parameters, sha256 {digest.hexdigest()[:12]}"
-
-
-def backend_results(backend: Backend) -> Any:
-    """Whose numerics ``backend``'s fits follow (see the module docstring); an AutoBackend must
-    have chosen (its ``check`` ran). Exact classes: a subclass may fit differently."""
-    if type(backend) is AutoBackend and backend.chosen is not None:
-        backend = backend.chosen
-    family = {
-        SequentialBackend: "sequential",
-        RayBackend: "sequential",
-        CohortBackend: "cohort",
-        FlowerBackend: "flower",
-    }.get(type(backend))
-    return family if family is not None else plain(backend)  # unknown: any change is refused
 
 
 def library_version() -> str:
@@ -161,11 +149,14 @@ def run_identity(
     client_state: str,
     backend: Backend,
     server_state: dict[str, str],
+    components: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """The identity of a run (module docstring), as stored in its checkpoints: ``config`` from
     :func:`~fedlightning.run_config.resolved_config`, ``initial`` the server model's state_dict,
-    ``server_state`` the aggregator's declared states."""
+    ``server_state`` the aggregator's declared states, ``components`` the configured round
+    components."""
     return {
+        "components": component_identity(components),
         "config": config,
         "dataset": datamodule.dataset,
         "num_clients": datamodule.num_clients,
@@ -212,6 +203,11 @@ def compare_identity(ckpt_path: str, stored: Any, current: dict[str, Any]) -> No
             )
         if stored[field] != current[field]:
             raise _another_run(ckpt_path, field, stored[field], current[field], todo)
+    difference = component_difference(components_of(stored), components_of(current))
+    if difference is not None:
+        raise ConfigurationError(
+            f"ckpt_path={ckpt_path!r} was written by another run: {difference}, {NEW_RUN}"
+        )
     if stored.get("library_version") != current["library_version"]:
         log.warning(
             "%s was written by fedlightning %s, this is %s: resuming (every compared option matches)",
@@ -226,6 +222,8 @@ def may_change(
     docstring)."""
     if _under(path, BACKEND):
         return stored.get("backend_results") == current["backend_results"]
+    if any(_under(path, option) for option in COMPONENT_OPTIONS):
+        return True  # compared as the run's components, whichever spelling gave them
     if path == DETERMINISTIC:
         old = False if old is NOT_SET else old  # written before the option existed
         return old == new or (old in SAME_KERNELS and new in SAME_KERNELS)
@@ -238,33 +236,8 @@ def _under(path: str, option: str) -> bool:
     return path == option or path.startswith(option + ".")
 
 
-def differences(old: Any, new: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
-    """``(path, old value, new value)`` of every option in which two configs differ, in ``old``'s
-    order; an object whose class differs is one difference (``loop.aggregator``), its
-    ``init_args`` are not compared."""
-    if not (isinstance(old, dict) and isinstance(new, dict)):
-        if old != new:
-            yield path, old, new
-        return
-    if ("class_path" in old or "class_path" in new) and old.get("class_path") != new.get(
-        "class_path"
-    ):
-        yield path, old.get("class_path", NOT_SET), new.get("class_path", NOT_SET)
-        return
-    for key in [*old, *(k for k in new if k not in old)]:
-        if key == "class_path":
-            continue
-        option = f"{path}.{key}" if path else str(key)
-        yield from differences(old.get(key, NOT_SET), new.get(key, NOT_SET), option)
-
-
 def _another_run(ckpt_path: str, name: str, old: Any, new: Any, todo: str) -> ConfigurationError:
     return ConfigurationError(
-        f"ckpt_path={ckpt_path!r} was written by another run: {name} is {_short(old)} in the "
-        f"checkpoint but {_short(new)} in this run; {todo}, {NEW_RUN}"
+        f"ckpt_path={ckpt_path!r} was written by another run: {name} is {short(old)} in the "
+        f"checkpoint but {short(new)} in this run; {todo}, {NEW_RUN}"
     )
-
-
-def _short(value: Any, limit: int = 200) -> str:
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,6 +1,6 @@
 """No silently skipped hooks (docs/algorithms.md section 2.6, "Hooks that cannot be skipped").
 
-A plug-in (client objective, aggregator, attack, backend) overrides the hooks its base class
+A plug-in (client objective, aggregator, statistic, attack, backend, round component) overrides the hooks its base class
 documents. One that defines a method under a name the framework used to call and no longer does
 (``server_step``), or under a near miss of a hook's name (``local_los``, ``begin_clinet``), would
 run with its override never called. :func:`check_hooks` refuses both at start-up, before anything
@@ -28,6 +28,7 @@ from fedlightning.attacks.base import Attack, UploadAttack
 from fedlightning.backends.base import Backend
 from fedlightning.clients.base import ClientModule
 from fedlightning.errors import ConfigurationError
+from fedlightning.round_components import RoundComponent
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedavg import FedAvg
 from fedlightning.server.server_state import ServerState
@@ -36,7 +37,7 @@ from fedlightning.server.wrapping import WrappingAggregator
 
 #: the framework's base classes: their public names are the hooks a plug-in overrides
 BASES = (ClientModule, FedAvg, WrappingAggregator, Aggregator, Statistic, ServerState, UploadAttack,
-         Attack, Backend)  # fmt: skip
+         Attack, Backend, RoundComponent)  # fmt: skip
 _EVALUATION = "evaluate_clients (the loop scores every deployable model itself)"
 #: per base class: names its plug-ins used to define that the framework no longer calls or reads
 REMOVED: dict[type, dict[str, str]] = {
@@ -64,12 +65,16 @@ REMOVED: dict[type, dict[str, str]] = {
         "on_validation_epoch_end": _EVALUATION,
     },
 }
+#: per base class: methods the framework derives from a plug-in's declarations (overriding one
+#: would keep state the declarations do not describe)
+DERIVED: dict[type, frozenset[str]] = {RoundComponent: frozenset({"state_dict", "load_state_dict"})}
 #: base methods a plug-in calls rather than overrides (a name near one of them is no skipped hook)
 UTILITIES = frozenset({
     "add_state", "children", "declared_states", "build_state", "record_transients", "transients",
     "snapshot", "restore", "declared_state_problem", "payloads", "keys_of", "group_keys",
     "is_heterogeneous",
     "grouped", "group_models", "track", "batch_metrics", "group", "client_id", "payload", "state",
+    "state_key",
 })  # fmt: skip
 #: how similar a name must be to a hook's to be its near miss (difflib's ratio)
 CUTOFF = 0.8
@@ -96,6 +101,12 @@ def hook_problem(plugin: Any) -> str | None:
                     f"{klass.__name__}.{name} is no longer called: the framework never calls or "
                     f"reads it; use {removed[name]} (docs/algorithms.md section 2.6)"
                 )
+            if name in {n for b in bases for n in DERIVED.get(b, ())}:
+                return (
+                    f"{klass.__name__}.{name} overrides what {bases[0].__name__} derives from its "
+                    "declared state: declare each value kept across rounds with self.add_state("
+                    "name, initial value) in __init__ instead (docs/algorithms.md section 6.2)"
+                )
             if name in inherited:
                 continue
             close = difflib.get_close_matches(name, hooks, n=1, cutoff=CUTOFF)
@@ -116,6 +127,8 @@ def check_hooks(*plugins: Any) -> None:
         plugin = pending.pop(0)
         if isinstance(plugin, ServerState):
             pending += list(plugin.children().values())
+        if isinstance(plugin, RoundComponent):  # the plug-ins it holds (the adversary's attack)
+            pending += [v for v in vars(plugin).values() if isinstance(v, BASES)]
         problem = hook_problem(plugin)
         if problem is not None:
             raise ConfigurationError(problem)

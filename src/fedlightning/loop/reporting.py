@@ -29,6 +29,7 @@ from lightning.pytorch.loggers import Logger
 from rich.console import Console
 
 from fedlightning.data.datamodule import FederatedDataModule
+from fedlightning.errors import require
 from fedlightning.loop.headline import UNGROUPED, ScoredModels, headline, scored_line
 from fedlightning.loop.logger_outputs import is_wandb, log_config, log_figure
 from fedlightning.loop.metrics_table import MetricsTable
@@ -65,6 +66,7 @@ class Reporter:
         plots: bool = True,
         log_every: int = 1,
     ) -> None:
+        require(log_every >= 1, "loop.log_every", log_every, "an integer >= 1")
         self.run_dir = run_dir
         self.extra_loggers = list(loggers)
         self.wandb = wandb

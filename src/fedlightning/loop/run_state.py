@@ -9,15 +9,17 @@ start-up function assigns them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fedlightning.compute import Compute
-from fedlightning.loop.byzantine import Adversary
 from fedlightning.loop.scoring_model import ScoringModel
 from fedlightning.loop.server_device import ServerDevice
 from fedlightning.protocol import FitConfig
 from fedlightning.round_components import RoundComponent
+
+if TYPE_CHECKING:  # its package imports this module (the checkpoint writer)
+    from fedlightning.loop.components.context import RunContext
 
 
 @dataclass
@@ -43,14 +45,15 @@ class RunState:
         first_round: the 0-based round the run starts at (the checkpoint's rounds done, or 0).
         last_checkpoint: ``(rounds done, path)`` of the newest checkpoint that resumes this run
             (the one resumed from until the run writes its own); ``None``: none yet.
-        fit_config: how every client fit runs: the loop's, with what start-up resolved (the
+        fit_config: how every client fit runs: the loop's, as the round components left it (the
             clients a label-flipping attack poisons); the backend receives it.
-        adversary: ``loop.attack`` with its malicious clients (:mod:`fedlightning.loop.byzantine`);
-            ``None``: no attack.
         scoring: what every evaluation scores the deployables with, and what ``models.pt``
             records (:mod:`fedlightning.loop.scoring_model`).
         components: the run's round components, in order (:mod:`fedlightning.loop.components`,
             docs/algorithms.md section 6.2).
+        context: what the components' ``setup`` read of the run.
+        nothing_to_train: the resumed checkpoint already has ``loop.rounds`` rounds done: the run
+            writes nothing (decided, and said, once: :func:`fedlightning.loop.startup.restore`).
         ended: the components' ``on_run_end`` has run (it runs once per run).
     """
 
@@ -64,7 +67,8 @@ class RunState:
     first_round: int
     last_checkpoint: tuple[int, str] | None
     fit_config: FitConfig
-    adversary: Adversary | None
     scoring: ScoringModel
-    components: list[RoundComponent] = field(default_factory=list)
+    components: list[RoundComponent]
+    context: RunContext
+    nothing_to_train: bool = False
     ended: bool = False

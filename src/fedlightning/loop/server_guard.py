@@ -72,27 +72,23 @@ def _non_finite_paths(value: Any, path: str):
 
 
 class ServerGuard(RoundComponent):
-    """Keeps the server state finite across a run (see the module docstring).
+    """Keeps the server state finite across a run (see the module docstring). Always on; at
+    set-up it takes the run's aggregator, its summary (where failed rounds are counted) and
+    ``loop.on_round_failure`` (``skip`` or ``stop``)."""
 
-    Args:
-        aggregator: the run's aggregator.
-        summary: the run summary, where failed rounds are counted.
-        on_round_failure: ``skip`` or ``stop`` (``loop.on_round_failure``).
-    """
+    #: this round's copy and bookkeeping, and the aggregator's watch (its own fingerprints)
+    transient_attributes = frozenset({"_before", "watch", "_aggregated", "_failed"})
 
-    def __init__(
-        self,
-        aggregator: Aggregator,
-        summary: RunSummary,
-        on_round_failure: str,
-    ) -> None:
-        self.aggregator = aggregator
-        self.summary = summary
-        self.on_round_failure = on_round_failure
+    def __init__(self) -> None:
         self._before: dict[str, Any] | None = None  # the state before the last aggregation
         self.watch: StateWatch | None = None  # from the first round on (after set-up and resume)
         self._aggregated: int | None = None  # the round that aggregation belongs to
         self._failed: int | None = None  # the last round that failed here
+
+    def setup(self, run: Any) -> None:
+        self.aggregator: Aggregator = run.aggregator
+        self.summary: RunSummary = run.summary
+        self.on_round_failure: str = run.options.on_round_failure
 
     @property
     def aggregator_name(self) -> str:

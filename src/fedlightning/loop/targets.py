@@ -18,20 +18,35 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from fedlightning.errors import require
 from fedlightning.round_components import Round, RoundComponent, Row
 
 
 class TargetTracker(RoundComponent):
-    """Watches ``metric`` (``test_acc``) for the first evaluated round at or above ``target``."""
+    """Watches ``metric`` for the first evaluated round at or above ``target`` (see the module
+    docstring). Always on (it times every round, so that a target set on resume is timed from
+    the run's start); ``loop.target_acc: a`` is the shorthand for ``target: a``, which a resume
+    may change.
+
+    Args:
+        target: the value to reach; null: no columns.
+        metric: the metrics column it watches.
+    """
 
     name = "target"
+    resume_may_change = frozenset({"target"})
+    transient_attributes = frozenset({"_timed"})
 
-    def __init__(self, target: float | None, metric: str = "test_acc") -> None:
+    def __init__(self, target: float | None = None, metric: str = "test_acc") -> None:
+        require(
+            target is None or 0.0 < target <= 1.0,
+            "TargetTracker.target", target, "null or an accuracy in (0, 1]",
+        )  # fmt: skip
         self.target = target
         self.metric = metric
-        self.elapsed_s = 0.0
-        self.rounds_to_target: int | None = None
-        self.time_to_target_s: float | None = None
+        self.add_state("elapsed_s", 0.0)
+        self.add_state("rounds_to_target", None)
+        self.add_state("time_to_target_s", None)
         self._timed: int | None = None  # the round whose time is already added
 
     def on_evaluated(self, round: Round, row: Row) -> Row | None:
@@ -73,15 +88,3 @@ class TargetTracker(RoundComponent):
             f", {self.metric} >= {self.target} at round {self.rounds_to_target} "
             f"({self.time_to_target_s:.1f} s)"
         )
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "elapsed_s": self.elapsed_s,
-            "rounds_to_target": self.rounds_to_target,
-            "time_to_target_s": self.time_to_target_s,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.elapsed_s = float(state.get("elapsed_s", 0.0))
-        self.rounds_to_target = state.get("rounds_to_target")
-        self.time_to_target_s = state.get("time_to_target_s")

@@ -9,7 +9,6 @@ from typing import Any
 
 from fedlightning.server import FedAvg, FedDyn, FedNova, Scaffold
 from fedlightning.server.base import Aggregator
-from fedlightning.server.statistics.base import flag
 
 OPTION = "loop.aggregator.init_args."
 #: built-in FedAvg subclasses whose server update reads every upload, not only the mean
@@ -54,9 +53,9 @@ def inner_refusal(inner: Aggregator) -> str | None:
     can): its statistic must be the plain weighted mean (``weighted_mean``: the release takes
     its place; a robust rule or a clipped mean reads each upload, and ClientLevelDP clips
     itself), and :func:`server_update_refusal` must accept it."""
-    if isinstance(inner, FedAvg) and not flag(inner.statistic, "weighted_mean"):
+    if isinstance(inner, FedAvg) and not inner.statistic.weighted_mean:
         statistic = inner.statistic
-        option = getattr(statistic, "option", OPTION + "inner.init_args.statistic")
+        option = statistic.option
         return (
             f"{type(inner).__name__} combines the uploads by {type(statistic).__name__} "
             f"({option}), a statistic over the individual uploads, not the plain mean the DP "

@@ -10,10 +10,12 @@ A declared state is one of
   or a callable ``init(initial, parameters) -> StateDict``; its key set, shapes, dtypes and device
   are those it was built with;
 - a Python number (``0``, ``1.0``, ``True``): an int, float or bool it stays (a step counter);
+- ``None``: an optional number, ``None`` until it is set (the round a target was reached);
 - a tensor (e.g. a 0-dim counter): a copy on the server device, whose shape, dtype and device it
   keeps;
 - an empty list (``[]``), to which the aggregator appends (FedCross's K middleware models,
-  client-level DP's privacy history): a list it stays.
+  client-level DP's privacy history): a list it stays;
+- an empty dict (``{}``), a table the owner fills (per client, per key): a dict it stays.
 """
 
 from __future__ import annotations
@@ -29,16 +31,25 @@ from fedlightning.protocol import StateDict
 from fedlightning.server.functional import clone_state
 
 #: how a declared state starts: a named rule, ``init(initial, parameters) -> StateDict``, a
-#: number, a tensor or an empty list
+#: number, ``None`` (an optional number), a tensor, an empty list or an empty dict
 StateInit = (
     Literal["model", "parameters", "floating"]
     | Callable[[StateDict, frozenset[str]], StateDict]
-    | bool | int | float | Tensor | list
+    | bool | int | float | None | Tensor | list | dict
 )  # fmt: skip
+#: the kind built from the initial server state (the others are values: :attr:`StateSpec.kind`)
+STATE_DICT = "state_dict"
 INITS = ("model", "parameters", "floating")
 #: state_dict entries that every aggregator writes besides its declared states
 RESERVED = frozenset({"num_clients"})
 _NUMBER = (bool, int, float)
+#: a value kind -> the Python types its value may have, and how a message names them
+_VALUE_KINDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "number": (_NUMBER, "a Python number"),
+    "optional": (_NUMBER, "None or a Python number"),
+    "list": ((list,), "a list"),
+    "dict": ((dict,), "a dict"),
+}
 
 
 def clone_value(value: Any) -> Any:
@@ -75,24 +86,29 @@ class StateSpec:
 
     @property
     def kind(self) -> str:
-        """``state_dict``, ``number``, ``tensor`` or ``list``."""
+        """``state_dict``, ``number``, ``optional`` (a number or None), ``tensor``, ``list`` or
+        ``dict``."""
         if isinstance(self.init, Tensor):
             return "tensor"
         if isinstance(self.init, _NUMBER):
             return "number"
+        if self.init is None:
+            return "optional"
         if isinstance(self.init, list):
             return "list"
-        return "state_dict"
+        if isinstance(self.init, dict):
+            return "dict"
+        return STATE_DICT
 
     def build(self, initial: StateDict, parameters: frozenset[str]) -> Any:
         """The state's value at ``setup``, on the device of ``initial`` (the server device)."""
         if self.kind == "tensor":
             device = next(iter(initial.values())).device if initial else None
             return self.init.detach().to(device, copy=True)
-        if self.kind == "number":
+        if self.kind in ("number", "optional"):
             return self.init
-        if self.kind == "list":
-            return []
+        if self.kind in ("list", "dict"):
+            return type(self.init)()
         if self.init == "model":
             return clone_state(initial)
         if self.init == "parameters":
@@ -114,8 +130,10 @@ class StateSpec:
             return f"the {dtype} {shape} tensor{values}" + kept
         if self.kind == "number":
             return f"the number {self.init!r}" + kept
-        if self.kind == "list":
-            return "an empty list" + kept
+        if self.kind == "optional":
+            return "None (an optional number)" + kept
+        if self.kind in ("list", "dict"):
+            return f"an empty {self.kind}" + kept
         if callable(self.init):
             return f"built by {getattr(self.init, '__qualname__', repr(self.init))}" + kept
         if self.init == "model":
@@ -125,17 +143,17 @@ class StateSpec:
 
     def layout(self, value: Any) -> Any:
         """What of ``value`` its declaration fixes: per key the dtype, shape and device (a
-        state_dict), the tensor's, or the Python type (a number or a list)."""
-        if self.kind == "state_dict":
+        state_dict), the tensor's, or its kind (a number, an optional number, a list, a dict)."""
+        if self.kind == STATE_DICT:
             return {k: _layout(v) for k, v in value.items()}
         if self.kind == "tensor":
             return _layout(value)
-        return "number" if self.kind == "number" else "list"
+        return self.kind
 
     def mismatch(self, value: Any, expected: Any) -> str | None:
         """Where ``value`` breaks the layout ``expected`` (from :meth:`layout` at set-up), as
         ``name['key'] <what>``, or None."""
-        if self.kind == "state_dict":
+        if self.kind == STATE_DICT:
             if not isinstance(value, Mapping):
                 return f"{self.name} is a {type(value).__name__}, declared a state_dict"
             for key in [k for k in expected if k not in value][:1]:
@@ -155,9 +173,10 @@ class StateSpec:
             if _layout(value) != expected:
                 return f"{self.name} is {_describe(_layout(value))}, declared {_describe(expected)}"
             return None
-        wanted = _NUMBER if self.kind == "number" else list
+        if self.kind == "optional" and value is None:
+            return None
+        wanted, article = _VALUE_KINDS[self.kind]
         if not isinstance(value, wanted):
-            article = "a Python number" if self.kind == "number" else "a list"
             return f"{self.name} is a {type(value).__name__}, declared {article}"
         return None
 
@@ -178,11 +197,12 @@ class Declarations:
             )
         if name in self.specs:
             raise ValueError(f"{owner}.add_state: {name!r} is already declared")
-        known = isinstance(init, (Tensor, *_NUMBER)) or init in INITS or callable(init)
-        if not known and not (isinstance(init, list) and not init):
+        known = isinstance(init, (Tensor, *_NUMBER)) or init is None or init in INITS
+        if not (known or callable(init) or (isinstance(init, list | dict) and not init)):
             raise ValueError(
                 f"{owner}.add_state({name!r}): init must be one of {', '.join(INITS)}, a callable "
-                f"(initial, parameters) -> state_dict, a number, a tensor or [], got {init!r}"
+                f"(initial, parameters) -> state_dict, a number, None, a tensor, [] or {{}}, got "
+                f"{init!r}"
             )
         if fill != 0.0 and init not in ("parameters", "floating"):
             raise ValueError(f"{owner}.add_state({name!r}): fill applies to 'parameters' and "

@@ -14,7 +14,7 @@ from fedlightning.protocol import Payload, StateDict, Upload
 from fedlightning.server.base import Aggregator, ClientKeyList, ClientKeys, group_keys, restrict
 from fedlightning.server.round import ServerRound, Withheld, merge_update
 from fedlightning.server.statistics import Mean, Median, StatisticContext, TrimmedMean
-from fedlightning.server.statistics.base import Statistic, StatisticLike, flag, setup_statistic
+from fedlightning.server.statistics.base import Statistic, check_statistic, setup_statistic
 from fedlightning.server.statistics.contract import check_combined
 
 AGGREGATIONS = ("mean", "median", "trimmed_mean")
@@ -35,8 +35,8 @@ class FedAvg(Aggregator):
     ``aggregate`` is the template of every server update (docs/algorithms.md sections 2.6 and
     2.8): the injected **statistic** combines the uploads,
     ``mean = statistic.combine(states, weights, context)`` (:mod:`fedlightning.server.statistics`:
-    the owner-aware mean by default, a robust rule, the DP noised mean, any object with that one
-    method), then the one hook :meth:`server_update` receives the round
+    the owner-aware mean by default, a robust rule, the DP noised mean, any
+    :class:`~fedlightning.server.statistics.Statistic` subclass), then the one hook :meth:`server_update` receives the round
     (:class:`~fedlightning.server.round.ServerRound`: the combination, per-key owner counts, the
     uploads, which keys are parameters) and returns new values for parameter keys; buffers
     (BatchNorm statistics, counters) take the combination unless a subclass sets
@@ -85,7 +85,7 @@ class FedAvg(Aggregator):
         trim_beta: float = 0.1,
         clip_norm: float | None = None,
         within_groups: bool = False,
-        statistic: StatisticLike | None = None,
+        statistic: Statistic | None = None,
     ) -> None:
         if weighting not in ("samples", "uniform"):
             raise ConfigurationError(
@@ -110,14 +110,10 @@ class FedAvg(Aggregator):
                 f"{aggregation!r} / clip_norm={clip_norm!r}: give the statistic alone (they are "
                 "its shorthands)"
             )
-        if statistic is not None and not callable(getattr(statistic, "combine", None)):
-            raise ConfigurationError(
-                f"loop.aggregator.init_args.statistic={type(statistic).__name__} has no method "
-                "combine(uploads, weights, context): a statistic needs one (docs/algorithms.md "
-                "section 2.8)"
-            )
-        self.statistic: StatisticLike = (
-            statistic if statistic is not None else _from_options(aggregation, trim_beta, clip_norm)
+        self.statistic: Statistic = (
+            check_statistic(statistic)
+            if statistic is not None
+            else _from_options(aggregation, trim_beta, clip_norm)
         )
         self.weights: StateDict = {}  # the server model (see add_state)
         self.add_state("weights", "model")
@@ -146,38 +142,29 @@ class FedAvg(Aggregator):
         (``check_aggregator``: the DP release refuses a server update that reads uploads)."""
         setup_statistic(self.statistic, initial, self.parameters, self.num_clients, self.seed,
                         self.client_keys, self.is_heterogeneous())  # fmt: skip
-        check = getattr(self.statistic, "check_aggregator", None)
-        if check is not None:
-            check(self)
+        self.statistic.check_aggregator(self)
 
     def check_byzantine(self, per_round: int, byzantine: int) -> None:
         """The statistic's breakdown point (docs/algorithms.md section 8, "Breakdown points"):
         the median and clipping need an honest majority, the trimmed mean
         ``floor(trim_beta * n) >= f``, Krum ``n > 2f + 2``; the plain mean checks nothing (the
         baseline)."""
-        check = getattr(self.statistic, "check_byzantine", None)
-        if check is not None:
-            check(per_round, byzantine)
+        self.statistic.check_byzantine(per_round, byzantine)
 
     def check_round_byzantine(self, uploads: int, byzantine: int) -> None:
-        """The statistic's test of one round (``check_round_byzantine``; a statistic without it:
-        its ``check_byzantine``), so Krum tests the round against the f it adopted at start-up."""
-        check = getattr(self.statistic, "check_round_byzantine", None)
-        if check is None:
-            check = getattr(self.statistic, "check_byzantine", None)
-        if check is not None:
-            check(uploads, byzantine)
+        """The statistic's test of one round (``check_round_byzantine``: its ``check_byzantine``
+        by default), so Krum tests the round against the f it adopted at start-up."""
+        self.statistic.check_round_byzantine(uploads, byzantine)
 
     @property
     def releases_every_round(self) -> bool:  # type: ignore[override]
         """Whether every round must be aggregated, also one with no upload (the statistic's: the
         DP release, docs/algorithms.md section 7.1)."""
-        return flag(self.statistic, "releases_every_round")
+        return self.statistic.releases_every_round
 
     def round_metrics(self) -> dict[str, float]:
         """The statistic's numbers of the last round (e.g. ``weiszfeld_iterations``)."""
-        metrics = getattr(self.statistic, "round_metrics", None)
-        return dict(metrics()) if metrics is not None else {}
+        return dict(self.statistic.round_metrics())
 
     @property
     def grouped(self) -> bool:
@@ -211,7 +198,7 @@ class FedAvg(Aggregator):
         states = [u.weights for u in uploads]
         combined = self.statistic.combine(states, self.client_weights(uploads), context)
         mean = check_combined(self.statistic, combined, states, self.weights, round_index)
-        if flag(self.statistic, "withholds_uploads"):
+        if self.statistic.withholds_uploads:
             withheld = Withheld(type(self).__name__)
             server_round = ServerRound(round_index, mean, withheld, withheld, self.parameters)  # type: ignore[arg-type]
         else:

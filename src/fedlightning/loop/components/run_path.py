@@ -7,26 +7,51 @@ how many CPU threads. ``loop.backend: auto`` may leave the cohort for sequential
 (:meth:`fedlightning.backends.auto.AutoBackend.run`); so after every round this component writes
 the path the round took into the run's identity, which every later checkpoint stores and a
 resumed AutoBackend follows: a resume takes the path its checkpoint's last rounds took. It keeps
-which rounds took which path (its checkpointed state, so the summary of a resumed run covers the
-rounds before the resume) for the summary line::
+which rounds took which path (its declared state, ``segments``, so the summary of a resumed run
+covers the rounds before the resume) for the summary line::
 
     path: sequential fits in rounds 1-30 on cpu, 1 intra-op thread (AutoBackend: the rule for ...)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from fedlightning.backends import AutoBackend, Backend
-from fedlightning.loop.identity import backend_results
+from fedlightning.backends import (
+    AutoBackend,
+    Backend,
+    CohortBackend,
+    FlowerBackend,
+    RayBackend,
+    SequentialBackend,
+)
 from fedlightning.round_components import Round, RoundComponent
+from fedlightning.run_config import plain
+
+
+def backend_results(backend: Backend) -> Any:
+    """Whose numerics ``backend``'s fits follow (``backend_results`` of :mod:`fedlightning.loop.identity`); an AutoBackend must
+    have chosen (its ``check`` ran). Exact classes: a subclass may fit differently."""
+    if type(backend) is AutoBackend and backend.chosen is not None:
+        backend = backend.chosen
+    family = {
+        SequentialBackend: "sequential",
+        RayBackend: "sequential",
+        CohortBackend: "cohort",
+        FlowerBackend: "flower",
+    }.get(type(backend))
+    return family if family is not None else plain(backend)  # unknown: any change is refused
 
 
 class RunPath(RoundComponent):
-    """Records the path of each round (see the module docstring).
+    """Records the path of each round (see the module docstring). Always on, made by start-up
+    once the run's identity and device are resolved
+    (:func:`fedlightning.loop.components.closing_components`), right before the checkpoint
+    writer.
+
+    State: ``segments``, ``[path, first round, last round]`` (1-based), in order.
 
     Args:
         backend: the run's backend (an AutoBackend says what it chose and why).
@@ -35,12 +60,13 @@ class RunPath(RoundComponent):
     """
 
     name = "run_path"
+    #: torch's intra-op threads, read again every round (the summary says the last round's)
+    transient_attributes = frozenset({"threads"})
 
     def __init__(self, backend: Backend, identity: dict[str, Any], device: torch.device) -> None:
         self.backend, self.identity, self.device = backend, identity, device
-        #: ``[path, first round, last round]`` (1-based), in order
-        self.segments: list[list[Any]] = []
-        self.threads: int | None = None  # torch's intra-op threads in the rounds
+        self.add_state("segments", [])
+        self.threads: int | None = None
 
     def on_round_end(self, round: Round) -> None:
         path = backend_results(self.backend)
@@ -67,9 +93,3 @@ class RunPath(RoundComponent):
         if isinstance(self.backend, AutoBackend):
             why += f": {self.backend.reason}"
         return [f"path: {rounds} on {self.device.type}{threads} ({why})"]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"segments": [list(segment) for segment in self.segments]}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.segments = [list(segment) for segment in state.get("segments", [])]

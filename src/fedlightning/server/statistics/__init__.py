@@ -3,7 +3,7 @@
 the protocol in :mod:`fedlightning.server.statistics.base`). The differentially private mean is
 :class:`fedlightning.privacy.NoisedMean`."""
 
-from fedlightning.server.statistics.base import Statistic, StatisticContext, StatisticLike
+from fedlightning.server.statistics.base import Statistic, StatisticContext
 from fedlightning.server.statistics.centered import CenteredClip
 from fedlightning.server.statistics.coordinate import Mean, Median, TrimmedMean
 from fedlightning.server.statistics.geomed import GeometricMedian
@@ -11,5 +11,5 @@ from fedlightning.server.statistics.krum import Krum, MultiKrum
 
 __all__ = [
     "CenteredClip", "GeometricMedian", "Krum", "Mean", "Median", "MultiKrum", "Statistic",
-    "StatisticContext", "StatisticLike", "TrimmedMean",
+    "StatisticContext", "TrimmedMean",
 ]  # fmt: skip

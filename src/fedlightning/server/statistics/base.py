@@ -8,8 +8,9 @@ SCAFFOLD, FedNova, the robust presets, client-level DP) aggregates in two inject
     update   = aggregator.server_update(ServerRound(..., mean=combined, ...))
 
 so a robust or private statistic composes with any server optimizer (FedAdam over a median,
-FedAvgM over the DP mean) with no new class. The protocol is one method; everything else is
-optional and read with a default:
+FedAvgM over the DP mean) with no new class. A statistic is a :class:`Statistic` subclass (the
+type ``FedAvg(statistic=...)`` and the CLI's ``class_path`` accept): it writes one method, and
+its base class declares every capability the rest of the library reads, with its default:
 
 - ``combine(uploads, weights, context) -> StateDict``: ``uploads`` are the round's uploaded
   state_dicts (sampling order, each with the keys its client owns), ``weights`` the aggregator's
@@ -17,7 +18,8 @@ optional and read with a default:
   the run's seed, the pre-round server model ``w``). It returns the combined value of every key
   some upload owns (keys no upload owns are left out and stay unchanged).
 - ``check_byzantine(per_round, byzantine)``: refuse an attack beyond the statistic's breakdown
-  point (docs/algorithms.md section 8, "Breakdown points"); nothing by default (a mean has none).
+  point (docs/algorithms.md section 8, "Breakdown points"); an honest majority where
+  ``needs_honest_majority``, nothing by default (a mean has none).
 - ``check_round_byzantine(uploads, byzantine)``: the same test for one round of an attacked run,
   before it aggregates (a round beyond it fails instead); ``check_byzantine``'s by default, and a
   statistic that adopts the run's f at start-up (Krum) tests the round against the f it adopted.
@@ -28,13 +30,15 @@ optional and read with a default:
   (docs/algorithms.md section 2.3); otherwise heterogeneous clients are refused at set-up.
 - ``withholds_uploads`` / ``releases_every_round`` (default ``False``): the differentially
   private release's (the server update may read only the release; every round aggregates).
-- ``round_metrics()``: this round's numbers for ``metrics.csv``.
+- ``round_metrics()``: this round's numbers for ``metrics.csv`` (none by default).
 - ``check_aggregator(aggregator)``: refuse an aggregator the statistic cannot serve (the DP
-  release: a server update that reads the individual uploads).
+  release: a server update that reads the individual uploads); nothing by default.
+- ``option``: the config path that configured it, for messages.
 
-A :class:`Statistic` subclass also gets declared state (``add_state``, as an aggregator's:
-built at set-up on the server device, checkpointed, restored on resume and by an undone round,
-watched every round) under the aggregator's ``statistic`` entry.
+A statistic also gets declared state (``add_state``, as an aggregator's: built at set-up on the
+server device, checkpointed, restored on resume and by an undone round, watched every round)
+under the aggregator's ``statistic`` entry. An object that is not a :class:`Statistic` is refused
+(:func:`check_statistic`), saying what it is.
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar
 
-from fedlightning.errors import ConfigurationError
+from fedlightning.errors import ConfigurationError, what_it_is
 from fedlightning.protocol import ClientKeys, StateDict
 from fedlightning.recorded_args import RecordsInitArgs
 from fedlightning.server.breakdown import require_honest_majority
@@ -67,18 +71,9 @@ class StatisticContext:
     model: StateDict
 
 
-@runtime_checkable
-class StatisticLike(Protocol):
-    """Any object with ``combine`` is a statistic (the module docstring lists what is optional)."""
-
-    def combine(
-        self, uploads: Sequence[StateDict], weights: Sequence[float], context: StatisticContext
-    ) -> StateDict: ...
-
-
 class Statistic(ServerState, RecordsInitArgs, ABC):
-    """Base of the built-in statistics: declared state, set-up and the optional attributes'
-    defaults (module docstring). A subclass writes :meth:`combine`."""
+    """Base of every statistic: declared state, set-up and every capability with its default
+    (module docstring). A subclass writes :meth:`combine`."""
 
     weighted_mean: ClassVar[bool] = False
     owner_aware: ClassVar[bool] = False
@@ -145,13 +140,20 @@ class Statistic(ServerState, RecordsInitArgs, ABC):
         """The combined value of every key some upload owns."""
 
 
-def flag(statistic: object, name: str) -> bool:
-    """An optional boolean attribute of ``statistic`` (module docstring), ``False`` if absent."""
-    return bool(getattr(statistic, name, False))
+def check_statistic(statistic: object, option: str = Statistic.option) -> Statistic:
+    """``statistic`` when it is a :class:`Statistic`; otherwise a ConfigurationError naming
+    ``option``, saying what the object is and what is expected."""
+    if not isinstance(statistic, Statistic):
+        raise ConfigurationError(
+            f"{option}={type(statistic).__name__} is {what_it_is(statistic)}, not a Statistic: a "
+            "statistic subclasses fedlightning.server.statistics.Statistic and writes "
+            "combine(uploads, weights, context) (docs/algorithms.md section 2.8)"
+        )
+    return statistic
 
 
 def setup_statistic(
-    statistic: object,
+    statistic: Statistic,
     initial: StateDict,
     parameters: frozenset[str],
     num_clients: int,
@@ -159,18 +161,16 @@ def setup_statistic(
     client_keys: Sequence[ClientKeys] | None,
     heterogeneous: bool,
 ) -> None:
-    """Set ``statistic`` up for a run (its declared state, if it is a :class:`Statistic`), after
+    """Set ``statistic`` up for a run (its declared state), after
     refusing clients that own different keys unless it is ``owner_aware``."""
-    if heterogeneous and not flag(statistic, "owner_aware"):
-        option = getattr(statistic, "option", "loop.aggregator.init_args.statistic")
+    if heterogeneous and not statistic.owner_aware:
         raise ConfigurationError(
-            f"{option} compares whole uploads (one point per client) or coordinates across them "
+            f"{statistic.option} compares whole uploads (one point per client) or coordinates across them "
             f"(statistic {type(statistic).__name__}), which needs clients that own the same keys, "
             "but these client groups own different keys: use an owner-aware statistic (the mean, "
             "a clipped mean, centered clipping) or one network"
         )
-    if isinstance(statistic, Statistic):
-        statistic.setup(initial, parameters, num_clients, seed, client_keys)
+    statistic.setup(initial, parameters, num_clients, seed, client_keys)
 
 
 #: where an aggregator preset's options live (its own init_args)

@@ -16,20 +16,18 @@ import torch
 from fedlightning.errors import PluginError
 from fedlightning.protocol import StateDict
 from fedlightning.server.round import describe
-
-#: how a statistic is configured unless it says otherwise (``Statistic.option``)
-STATISTIC_OPTION = "loop.aggregator.init_args.statistic"
+from fedlightning.server.statistics.base import Statistic
 
 
-def statistic_name(statistic: object) -> str:
-    """The statistic as configured: ``loop.aggregator.init_args.statistic=MyMedian``, or a
-    preset's ``loop.aggregator=Krum``."""
-    option = getattr(statistic, "option", STATISTIC_OPTION)
+def statistic_name(statistic: Statistic) -> str:
+    """The statistic as configured (:attr:`Statistic.option`):
+    ``loop.aggregator.init_args.statistic=MyMedian``, or a preset's ``loop.aggregator=Krum``."""
+    option = statistic.option
     return option if "=" in option else f"{option}={type(statistic).__name__}"
 
 
 def check_combined(
-    statistic: object,
+    statistic: Statistic,
     combined: object,
     uploads: Sequence[StateDict],
     model: StateDict,
