@@ -10,10 +10,12 @@ It answers "does this config run?" in seconds.
 
 ``--seeds S [S ...]`` runs the config once per seed (``loop.seed`` = S, which also seeds the model's
 initialisation and the partition) into ``<run_dir>/seed_<S>``, then prints one line with the
-mean ± sample standard deviation (ddof 1) of the last evaluated ``test_acc`` over the seeds (a
+mean ± sample standard deviation (ddof 1) of the last evaluated headline over the seeds (a
 single seed prints its value alone), and draws ``<run_dir>/seeds.png`` (the mean with a band of
 ± one standard deviation per round, :func:`fedlightning.analysis.plots.plot_runs`, titled as
-``fedlightning plot`` titles, over the seeds) unless ``loop.plots`` is false. The seeds run one after another, each with the config's backend; with
+``fedlightning plot`` titles, over the seeds) unless ``loop.plots`` is false. The headline is
+``test_acc``, or ``group_mean_acc`` for a config with client groups, followed by each group's
+model's mean ± std (:mod:`fedlightning.loop.headline`). The seeds run one after another, each with the config's backend; with
 ``RayBackend`` they run in parallel as Ray tasks instead (each holding the backend's
 ``num_cpus_per_client`` and ``num_gpus_per_client``), each seed's clients fitting one after another
 inside its task (``SequentialBackend``, which gives RayBackend's results bit for bit), so a cluster
@@ -27,12 +29,12 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fedlightning.backends.ray import RayBackend, init_ray
 from fedlightning.cli_fit import fit_command
 from fedlightning.cli_seeds import Sweep, check_sweep
 from fedlightning.errors import ConfigurationError, RunInterrupted
+from fedlightning.loop.headline import UNGROUPED, ScoredModels, headline, headline_metric
 from fedlightning.signals import finished, more_work, stopped_by
 
 #: optimizer steps (batches) per client fit in a fast_dev_run
@@ -42,7 +44,7 @@ FAST_DEV_RUN = [
     "--loop.rounds", "1", "--loop.local_steps", str(FAST_DEV_RUN_STEPS),
     "--loop.loggers", "null", "--loop.wandb", "false",
 ]  # fmt: skip
-#: the metric the seeds' summary line averages
+#: the metric the seeds' summary line averages (a run with client groups: group_mean_acc)
 SUMMARY_METRIC = "test_acc"
 
 
@@ -62,11 +64,18 @@ class RunOptions:
 
 @dataclass
 class SeedRun:
-    """One seed's run: its directory and its last evaluated metrics."""
+    """One seed's run: its directory, its last evaluated metrics and what its evaluation scores
+    (its client groups)."""
 
     seed: int
     run_dir: str
     metrics: dict[str, float] = field(default_factory=dict)
+    scored: ScoredModels = UNGROUPED
+
+    @property
+    def metric(self) -> str:
+        """The metric this run headlines (``test_acc`` or ``group_mean_acc``)."""
+        return headline_metric(self.metrics, self.scored)
 
 
 def run_options(argv: list[str]) -> RunOptions:
@@ -162,7 +171,7 @@ def run_seeds(args: list[str], seeds: list[int]) -> None:
         run_dirs = [Path(run.run_dir) for run in runs]  # titled as `fedlightning plot` titles
         title = default_title(run_dirs, len(runs) > 1, over=f"seeds {listed}")
         out = plot_runs(
-            run_dirs, SUMMARY_METRIC, plan.base / "seeds.png", "loop.aggregator", title=title
+            run_dirs, _metric(runs), plan.base / "seeds.png", "loop.aggregator", title=title
         )
         print(f"wrote {out}")
 
@@ -171,8 +180,9 @@ def run_seed(args: list[str], seed: int) -> SeedRun:
     """``fedlightning fit`` with ``loop.seed`` = ``seed`` into ``<run_dir>/seed_<seed>`` (also a
     Ray task: it runs in a worker process)."""
     cli = fit_command([*args, "--loop.seed", str(seed)], subdirectory=f"seed_{seed}")
-    history = cli.trainer.history
-    return SeedRun(seed, str(cli.trainer.options.run_dir), dict(history[-1]) if history else {})
+    history, scored = cli.trainer.history, cli.trainer.reporter.scored
+    run_dir = str(cli.trainer.options.run_dir)
+    return SeedRun(seed, run_dir, dict(history[-1]) if history else {}, scored)
 
 
 def _seeds_on_ray(
@@ -208,23 +218,48 @@ def _seeds_on_ray(
 
 
 def summary_line(runs: list[SeedRun]) -> str:
-    """``seeds 0, 1, 2: test_acc 0.9311 ± 0.0042 (...)``; one seed: its value alone."""
+    """``seeds 0, 1, 2: test_acc 0.9311 ± 0.0042 (...)``, with client groups
+    ``group_mean_acc 0.7044 ± 0.0100 (...; resnet10 0.8306 ± 0.0050, ...)``; one seed: its
+    value alone."""
     listed = ", ".join(str(run.seed) for run in runs)
-    values = [run.metrics[SUMMARY_METRIC] for run in runs if SUMMARY_METRIC in run.metrics]
+    metric = _metric(runs)
+    values = [run.metrics[metric] for run in runs if metric in run.metrics]
     where = f"{Path(runs[0].run_dir).parent}/seed_*" if len(runs) > 1 else runs[0].run_dir
     rounds = sorted({int(run.metrics.get("round", 0)) for run in runs})
     at = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}-{rounds[-1]}"
     if len(runs) == 1:
         return f"seed {listed}: {_value(runs[0])} at {at} (one seed: no spread); {where}"
     if len(values) < len(runs):
-        return f"seeds {listed}: not every run evaluated {SUMMARY_METRIC}; {where}"
-    mean, std = statistics.mean(values), statistics.stdev(values)
+        return f"seeds {listed}: not every run evaluated {metric}; {where}"
+    groups = (
+        "".join(f", {each}" for each in _group_spreads(runs)) if metric != SUMMARY_METRIC else ""
+    )
     return (
-        f"seeds {listed}: {SUMMARY_METRIC} {mean:.4f} ± {std:.4f} (mean ± sample std over "
-        f"{len(values)} runs at {at}); {where}"
+        f"seeds {listed}: {metric} {_spread(values)} (mean ± sample std over "
+        f"{len(values)} runs at {at}{groups}); {where}"
     )
 
 
+def _metric(runs: list[SeedRun]) -> str:
+    """The seeds' headline: ``group_mean_acc`` when every run headlines it, else ``test_acc``."""
+    metrics = {run.metric for run in runs}
+    return metrics.pop() if len(metrics) == 1 else SUMMARY_METRIC
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def _group_spreads(runs: list[SeedRun]) -> list[str]:
+    """``resnet10 0.8306 ± 0.0050`` for each group model every run scored."""
+    keys = [f"{group}/test_acc" for group in runs[0].scored.groups]
+    return [
+        f"{key.split('/')[0]} {_spread([run.metrics[key] for run in runs])}"
+        for key in keys
+        if all(key in run.metrics for run in runs)
+    ]
+
+
 def _value(run: SeedRun) -> str:
-    value: Any = run.metrics.get(SUMMARY_METRIC)
-    return f"{SUMMARY_METRIC} {value:.4f}" if value is not None else f"no {SUMMARY_METRIC}"
+    text = headline(run.metrics, run.scored)
+    return text if text else f"no {run.metric}"

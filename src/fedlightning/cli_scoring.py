@@ -5,8 +5,10 @@ The objective and the data come from ``RUN_DIR/config.yaml``; the deployables fr
 ``RUN_DIR/last.ckpt`` (a checkpointed run: the aggregator's state restored as a resume restores
 it). Every deployable is scored by the run's scoring path (:mod:`fedlightning.loop.scoring_model`,
 :class:`~fedlightning.loop.evaluation.Evaluator`; docs/algorithms.md section 6.1) on the run's
-device and precision, so the table shows the numbers the run logged at that round (``metrics.csv``
-is compared, and a difference is named: a run evaluated before evaluation scored in eval mode).
+device and precision, so the table shows the numbers the run logged at that round: ``metrics.csv``
+is compared within :data:`TOLERANCE` (the largest difference is printed either way), and a value
+beyond it is named with as many decimals as tell the two apart (a run evaluated before evaluation
+scored in eval mode).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from fedlightning.loop.scoring_model import SavedModel, ScoringModel
 from fedlightning.loop.startup import prepare_run
 from fedlightning.training import quiet_lightning
 
+#: a score agrees with metrics.csv within this, absolute up to 1 and relative above (a loss): the
+#: same float32 quotients, summed in another order by another thread count or device
+TOLERANCE = 1e-6
 #: loop options a resume may change (fedlightning.loop.identity) that would write or open anything
 QUIET = {"loggers": None, "wandb": False, "plots": False, "progress_bar": False}
 
@@ -178,15 +183,38 @@ def _table(
     if not logged:
         lines.append("metrics.csv has no row for this round to compare with")
         return "\n".join(lines)
-    differ = [
-        f"{key} {logged[key]:.4f} (now {value:.4f})"
-        for key, value in results.items()
-        if key in logged
-        and not (logged[key] == value or math.isnan(logged[key]) and math.isnan(value))
-    ]
-    rounds = int(logged["round"])
-    if differ:
-        lines.append(f"metrics.csv round {rounds} logged otherwise: {', '.join(differ)}")
-    else:
-        lines.append(f"metrics.csv round {rounds}: the same numbers")
+    lines.append(compare_logged(results, logged))
     return "\n".join(lines)
+
+
+def compare_logged(results: dict[str, float], logged: dict[str, float]) -> str:
+    """How the scores compare with ``metrics.csv``'s row ``logged``: the same within
+    :data:`TOLERANCE`, or each value beyond it (printed to as many decimals as tell the two
+    apart), and always the largest difference."""
+    keys = [key for key in results if key in logged]
+    gaps = {key: _gap(logged[key], results[key]) for key in keys}
+    rounds = int(logged["round"])
+    if not gaps:
+        return f"metrics.csv round {rounds} has none of these metrics to compare with"
+    widest = max(gaps, key=lambda key: gaps[key])
+    largest = f"largest difference {gaps[widest]:.2g} ({widest}), tolerance {TOLERANCE:g}"
+    differ = [key for key in keys if gaps[key] > TOLERANCE * max(1.0, abs(logged[key]))]
+    if not differ:
+        return f"metrics.csv round {rounds}: the same numbers ({largest})"
+    shown = ", ".join(f"{key} {_apart(logged[key], results[key])}" for key in differ)
+    return f"metrics.csv round {rounds} logged otherwise: {shown}; {largest}"
+
+
+def _gap(logged: float, now: float) -> float:
+    """``|logged - now|``; 0 when both are NaN, infinite when one is."""
+    if math.isnan(logged) or math.isnan(now):
+        return 0.0 if math.isnan(logged) and math.isnan(now) else math.inf
+    return abs(logged - now)
+
+
+def _apart(logged: float, now: float) -> str:
+    """``0.5000 (now 0.4375)``: 4 decimals, more (up to 12) when 4 print both alike."""
+    digits = 4
+    while digits < 12 and f"{logged:.{digits}f}" == f"{now:.{digits}f}":
+        digits += 1
+    return f"{logged:.{digits}f} (now {now:.{digits}f})"

@@ -65,6 +65,12 @@ class FederatedDataModule(ClientSplits, pl.LightningDataModule):
             (``personal_acc``); held out before the validation split. 0 (the default): none, and
             the partition is what it was without the option.
         batch_size: local training batch size B.
+        min_batch_size: a client's trailing training batch of fewer samples than this joins the
+            batch before it (:func:`fedlightning.data.loader.batch_sizes`); the default 1 keeps
+            every batch as ``batch_size`` cuts it, as torch's ``DataLoader`` does. Set it (e.g. to
+            ``batch_size // 4``) for BatchNorm networks, whose training-mode statistics a batch
+            of two or three samples misleads; a batch of one sample is refused for them
+            (docs/algorithms.md section 4.1).
         eval_batch_size: batch size for evaluation.
         seed: seed of the partition, the train/val splits and synthetic data.
         partition_seed: overrides ``seed`` for the partition only (to fix the split across seeds).
@@ -126,6 +132,7 @@ class FederatedDataModule(ClientSplits, pl.LightningDataModule):
         writer_test_fraction: float | None = None,
         partition_options: dict[str, Any] | None = None,
         source_options: dict[str, Any] | None = None,
+        min_batch_size: int = 1,
     ) -> None:
         """Over 60 lines: the signature is the ``data:`` section's flat list of options (see the
         class docstring); the body checks them
@@ -134,7 +141,7 @@ class FederatedDataModule(ClientSplits, pl.LightningDataModule):
         check_data_options(
             dataset, partition, num_clients, beta, writer_min_samples, writer_top_k,
             writer_test_fraction, val_from_test, val_fraction, batch_size, eval_batch_size, resize,
-            client_test_fraction,
+            client_test_fraction, min_batch_size,
         )  # fmt: skip
         self.save_hyperparameters()
         self.dataset = dataset
@@ -154,6 +161,7 @@ class FederatedDataModule(ClientSplits, pl.LightningDataModule):
         self.val_fraction = val_fraction if val_from_test == 0 else 0.0
         self.val_from_test = val_from_test
         self.batch_size = batch_size
+        self.min_batch_size = min_batch_size
         self.eval_batch_size = eval_batch_size
         self.seed = seed
         self.partition_seed = partition_seed
@@ -251,7 +259,10 @@ class FederatedDataModule(ClientSplits, pl.LightningDataModule):
         :meth:`place_training_data`, else on the CPU)."""
         idx = self._train_idx[client_id]
         x, y = self._device_pool or (self.data.train_x, self.data.train_y)
-        return TensorBatches(x[idx], y[idx], self.batch_size, shuffle=True, seed=seed)
+        return TensorBatches(
+            x[idx], y[idx], self.batch_size, shuffle=True, seed=seed,
+            min_batch_size=self.min_batch_size,
+        )  # fmt: skip
 
     def place_training_data(self, device: torch.device, max_fraction: float = 0.25) -> bool:
         """Keep a copy of the training pool on ``device`` so that client fits index their batches

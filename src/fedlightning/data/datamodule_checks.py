@@ -23,6 +23,7 @@ def check_data_options(
     eval_batch_size: int,
     resize: int | None,
     client_test_fraction: float = 0.0,
+    min_batch_size: int = 1,
 ) -> None:
     """Raise :class:`~fedlightning.errors.ConfigurationError` on the first option out of range."""
     if dataset not in SOURCES:
@@ -60,6 +61,10 @@ def check_data_options(
     if batch_size < 1 or eval_batch_size < 1:
         raise ConfigurationError(
             f"batch_size and eval_batch_size must be >= 1, got {batch_size} and {eval_batch_size}"
+        )
+    if not 1 <= min_batch_size <= batch_size:
+        raise ConfigurationError(
+            f"min_batch_size must lie in [1, batch_size={batch_size}], got {min_batch_size}"
         )
     if resize is not None and resize < 1:
         raise ConfigurationError(f"resize must be a positive image size or null, got {resize}")

@@ -48,6 +48,8 @@ A resume (:func:`compare_identity`) may change only the options that cannot chan
   result-neutral otherwise: ``false`` lets torch, cuDNN and cuBLAS pick other (nondeterministic)
   kernels on a GPU, so a resume to or from ``false`` is refused (docs/algorithms.md section 9.1).
   A checkpoint written before the option existed ran as ``false``.
+- an option added after a checkpoint was written (:data:`ADDED_LATER`), where this run keeps the
+  value that does what the checkpoint's run did (``data.min_batch_size: 1``).
 
 Any other difference (the optimizer and its lr, epochs, steps, batch size, precision, clients per
 round, data options, aggregator options, seed, threads, oneDNN, gradient clipping, ...) is refused
@@ -105,6 +107,9 @@ BACKEND = "loop.backend"
 #: ``loop.deterministic``: it may change between these values (the same kernels wherever a run
 #: with either goes on); a checkpoint without it ran as ``false``
 DETERMINISTIC, SAME_KERNELS = "loop.deterministic", (True, "warn")
+#: options added to the config after runs were checkpointed without them, each with the value
+#: that does what those runs did: a checkpoint that lacks one resumes at that value
+ADDED_LATER = {"data.min_batch_size": 1}
 #: derived facts compared on resume, in order, with what to do on a mismatch
 DERIVED = {
     "dataset": "resume with the same --data.dataset",
@@ -224,6 +229,8 @@ def may_change(
     if path == DETERMINISTIC:
         old = False if old is NOT_SET else old  # written before the option existed
         return old == new or (old in SAME_KERNELS and new in SAME_KERNELS)
+    if old is NOT_SET and path in ADDED_LATER:
+        return new == ADDED_LATER[path]
     return any(_under(path, option) for option in RESUME_MAY_CHANGE)
 
 

@@ -1,7 +1,8 @@
 """How a run shows its progress, by where its output goes (:func:`output_mode`):
 
 - ``bar``, a terminal: a rich progress bar over rounds with the elapsed and remaining time and the
-  latest evaluated ``test_acc`` and ``train_loss``;
+  latest evaluated headline (``test_acc``, or a grouped run's ``group_mean_acc`` with each group's
+  model: :mod:`fedlightning.loop.headline`) and ``train_loss``;
 - ``notebook``, Jupyter: one display that each round updates in place (the same text as the bar,
   then the run's summary and closing line), through IPython's public ``display(...,
   display_id=True)``; one output per fit instead of a line per round;
@@ -26,6 +27,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from fedlightning.loop.headline import UNGROUPED, ScoredModels, headline
+
 Mode = Literal["bar", "notebook", "log"]
 #: called after each round with its metrics (the last evaluated row when it was not evaluated)
 Advance = Callable[[Mapping[str, float]], None]
@@ -38,15 +41,14 @@ def output_mode(console: Console) -> Mode:
     return "bar" if console.is_terminal else "log"
 
 
-def latest(metrics: Mapping[str, float]) -> str:
-    """The latest evaluated ``test_acc`` and ``train_loss`` (the clients' mean training loss),
-    those present and finite."""
-    shown = [
-        f"{key} {metrics[key]:.4f}"
-        for key in ("test_acc", "train_loss")
-        if key in metrics and math.isfinite(metrics[key])
-    ]
-    return "  ".join(shown)
+def latest(metrics: Mapping[str, float], scored: ScoredModels = UNGROUPED) -> str:
+    """The latest evaluated headline (:func:`~fedlightning.loop.headline.headline`: ``test_acc``,
+    or ``group_mean_acc`` and each group's model for a run with client groups) and
+    ``train_loss`` (the clients' mean training loss), those present and finite."""
+    shown = [headline(metrics, scored)]
+    loss = metrics.get("train_loss", math.nan)
+    shown += [f"train_loss {loss:.4f}"] if math.isfinite(loss) else []
+    return "  ".join(part for part in shown if part)
 
 
 def _duration(seconds: float) -> str:
@@ -73,7 +75,9 @@ class NotebookDisplay:
 
 
 @contextmanager
-def rich_bar(console: Console, total: int, start: int, enabled: bool) -> Iterator[Advance]:
+def rich_bar(
+    console: Console, total: int, start: int, enabled: bool, scored: ScoredModels = UNGROUPED
+) -> Iterator[Advance]:
     """A progress bar over rounds on ``console``: done/total, elapsed, remaining and the latest
     metrics (:func:`latest`)."""
     progress = Progress(
@@ -83,13 +87,14 @@ def rich_bar(console: Console, total: int, start: int, enabled: bool) -> Iterato
     )  # fmt: skip
     with progress:
         task = progress.add_task("", total=total, completed=start)
-        yield lambda metrics: progress.update(task, advance=1, description=latest(metrics))
+        yield lambda metrics: progress.update(task, advance=1, description=latest(metrics, scored))
 
 
 @contextmanager
 def notebook_line(
-    display: NotebookDisplay, total: int, start: int, enabled: bool
-) -> Iterator[Advance]:
+    display: NotebookDisplay, total: int, start: int, enabled: bool,
+    scored: ScoredModels = UNGROUPED,
+) -> Iterator[Advance]:  # fmt: skip
     """``round r/R  test_acc ..  train_loss ..  elapsed, ~remaining left`` in ``display``,
     updated after each round (the remaining time from the mean time of this fit's rounds)."""
     began, done = time.perf_counter(), start
@@ -101,7 +106,9 @@ def notebook_line(
         left = elapsed / (done - start) * (total - done)
         timing = f"{_duration(elapsed)}" + (f", ~{_duration(left)} left" if done < total else "")
         display.show(
-            "  ".join(part for part in (f"round {done}/{total}", latest(metrics), timing) if part)
+            "  ".join(
+                part for part in (f"round {done}/{total}", latest(metrics, scored), timing) if part
+            )
         )
 
     if enabled:

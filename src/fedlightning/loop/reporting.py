@@ -8,10 +8,16 @@ evaluated round (every ``log_every`` rounds, and the last):
 ``round 3/10 test_acc 0.8123 test_loss 0.5123 time 1.2s failed 0 rejected 0``. A round that
 takes longer than ``slow_round_s`` seconds says how many of its clients are done every
 ``slow_round_s`` seconds (a line; in Jupyter, in the fit's display). The run summary closes it.
+
+Each of them headlines what the run is scored by (:mod:`fedlightning.loop.headline`): a run with
+client groups shows ``group_mean_acc``, named, with each group's model's accuracy, instead of the
+global model's ``test_acc`` (one group's model in a within-groups run), and its summary says which
+model metrics.csv's ``test_acc`` column scores.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,6 +30,7 @@ from rich.console import Console
 
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.errors import require
+from fedlightning.loop.headline import UNGROUPED, ScoredModels, headline, scored_line
 from fedlightning.loop.logger_outputs import is_wandb, log_config, log_figure
 from fedlightning.loop.metrics_table import MetricsTable
 from fedlightning.loop.progress import (
@@ -73,6 +80,8 @@ class Reporter:
         self.log_every = log_every
         self.slow_round_s = 5.0
         self._clients_done = 0
+        #: what the run's evaluation scores (its client groups), set by :meth:`open`
+        self.scored = UNGROUPED
 
     @property
     def plain(self) -> bool:
@@ -94,9 +103,10 @@ class Reporter:
         r = int(metrics["round"])
         if not self.plain or not (last or r % self.log_every == 0):
             return
+        scored = headline(metrics, self.scored) or f"test_acc {float('nan'):.4f}"
+        loss = "" if self.scored.grouped else f"test_loss {metrics.get('test_loss', math.nan):.4f} "
         self._line(
-            f"round {r}/{rounds} test_acc {metrics.get('test_acc', float('nan')):.4f} "
-            f"test_loss {metrics.get('test_loss', float('nan')):.4f} "
+            f"round {r}/{rounds} {scored} {loss}"
             f"time {metrics.get('round_time_s', float('nan')):.1f}s "
             f"failed {int(metrics.get('clients_failed', 0))} "
             f"rejected {int(metrics.get('clients_rejected', 0))}"
@@ -135,7 +145,10 @@ class Reporter:
             watcher.join()
 
     def summary(self, lines: Sequence[str]) -> None:
-        for line in lines:
+        """The run summary's ``lines``, then, for a run with client groups, what its headline
+        and metrics.csv's ``test_acc`` score (:func:`~fedlightning.loop.headline.scored_line`)."""
+        last = self.table.rows[-1] if self.table.rows else {}
+        for line in [*lines, *scored_line(last, self.scored)]:
             self._line(line)
 
     def plot_partition(self, dm: FederatedDataModule) -> None:
@@ -149,11 +162,17 @@ class Reporter:
             plot_partition(dm.partition_table(), self.run_dir / "partition.png", title=title)
 
     def open(
-        self, history: Sequence[dict[str, float]], wandb_id: str | None, dm: FederatedDataModule
+        self,
+        history: Sequence[dict[str, float]],
+        wandb_id: str | None,
+        dm: FederatedDataModule,
+        scored: ScoredModels = UNGROUPED,
     ) -> None:
         """Open the loggers; a resumed run first rewrites the rows up to its checkpoint to
         ``metrics.csv``. Every logger gets the resolved config; a new run's partition figure goes
-        to those that take images."""
+        to those that take images. ``scored``: the run's client groups, which the progress, the
+        closing line and the summary headline."""
+        self.scored = scored
         self.table.start(history)
         self.notebook = NotebookDisplay()  # this fit's own display
         self.loggers = list(self.extra_loggers)
@@ -208,17 +227,20 @@ class Reporter:
         the latest evaluated metrics."""
         enabled = self.progress_bar and not self.console.quiet
         if output_mode(self.console) == "notebook":
-            with notebook_line(self.notebook, total, start, enabled) as advance:
+            with notebook_line(self.notebook, total, start, enabled, self.scored) as advance:
                 yield advance
         else:
-            with rich_bar(self.console, total, start, enabled and not self.plain) as advance:
+            bar = enabled and not self.plain
+            with rich_bar(self.console, total, start, bar, self.scored) as advance:
                 yield advance
 
     def done(
         self, metrics: Mapping[str, float], rounds: int, elapsed: float, note: str = ""
     ) -> None:
+        """The closing line: ``done: round R/R, <headline><note>, <time>; run directory ...``."""
         if "test_acc" in metrics:
+            scored = headline(metrics, self.scored) or f"test_acc {metrics['test_acc']:.4f}"
             self._line(
-                f"done: round {metrics['round']}/{rounds}, test_acc {metrics['test_acc']:.4f}"
+                f"done: round {metrics['round']}/{rounds}, {scored}"
                 f"{note}, {elapsed:.1f} s; run directory {self.run_dir}"
             )

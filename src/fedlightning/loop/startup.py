@@ -38,6 +38,7 @@ from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.data.validation import validate_datamodule
 from fedlightning.errors import ConfigurationError
 from fedlightning.fit import trainer_reason
+from fedlightning.loop.batch_checks import check_batches
 from fedlightning.loop.checkpoint import read_checkpoint, remove_stale_temporaries, restore_rng
 from fedlightning.loop.checks import check_accelerator
 from fedlightning.loop.components import (
@@ -48,6 +49,7 @@ from fedlightning.loop.components import (
     setup_components,
 )
 from fedlightning.loop.failures import fit_float_dtype
+from fedlightning.loop.headline import ScoredModels
 from fedlightning.loop.identity import compare_identity, run_identity
 from fedlightning.loop.initial_states import independent_states
 from fedlightning.loop.options import RunParts
@@ -161,6 +163,7 @@ def check_run(
     parts.backend.check(model, fit_config, compute)
     parts.backend.check_aggregator(aggregator)
     validate_datamodule(datamodule)
+    check_batches(model, datamodule, fit_config)  # BatchNorm and a batch of one sample
     model.prepare_clients(datamodule)
     return context, fit_config, compute
 
@@ -229,4 +232,5 @@ def open_run(parts: RunParts, model: ClientModule, dm: FederatedDataModule, run:
     write_marked(run_dir / "config.yaml", *config_yaml(parts, model, dm))
     dm.save_partition(run_dir / "partition.csv")
     parts.reporter.plot_partition(dm)
-    parts.reporter.open(parts.history, wandb_id, dm)
+    scored = ScoredModels.of(run.scoring, parts.aggregator.deployables)
+    parts.reporter.open(parts.history, wandb_id, dm, scored)
