@@ -16,8 +16,8 @@ layer  packages and top-level modules
        config_checks determinism fit_steps
 1      models data server analysis
 2      clients run_config attacks privacy round_components
-3      fit
-4      flower_app
+3      fit system
+4      flower_app asynchronous
 5      backends
 6      loop
 7      cofed

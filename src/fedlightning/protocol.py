@@ -22,9 +22,12 @@ and the loop checks that a pairing fits before any training starts.
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 from torch import Tensor
 
 StateDict = dict[str, Tensor]
@@ -149,3 +152,28 @@ class FitConfig:
     def __post_init__(self) -> None:
         # a config read back from JSON (the Flower wire) holds a list: one type, hashable
         object.__setattr__(self, "label_flip_clients", tuple(self.label_flip_clients))
+
+
+def nbytes(value: Any) -> int:
+    """Bytes of ``value`` on the wire: tensors and arrays by ``nbytes``, containers summed, numbers
+    8, strings their UTF-8 length, anything else its pickled size."""
+    if isinstance(value, Tensor):
+        return int(value.nbytes)
+    if isinstance(value, Mapping):
+        return sum(nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(nbytes(v) for v in value)
+    if isinstance(value, bool | int | float):
+        return 8
+    if isinstance(value, str):
+        return len(value.encode())
+    if value is None:
+        return 0
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    return len(pickle.dumps(value))
+
+
+def message_bytes(message: Payload | Upload) -> int:
+    """``sum nbytes(weights) + sum nbytes(extras)`` of one payload or upload."""
+    return nbytes(message.weights) + nbytes(message.extras)

@@ -1,4 +1,6 @@
-"""Seeds derived from (seed, round, client id): results never depend on execution order."""
+"""Seeds derived from (seed, round, client id): results never depend on execution order; and the
+rounds' client draws (:func:`sample_clients`, :func:`poisson_sample_clients`), functions of
+``(seed, round)`` only."""
 
 from __future__ import annotations
 
@@ -46,3 +48,25 @@ def seed_fit(seed: int) -> None:
 def _cuda_available() -> bool:
     """``torch.cuda.is_available()``, asked once: it loads NVML through ctypes on every call."""
     return torch.cuda.is_available()
+
+
+def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
+    """The clients of round ``round_index``: ``per_round`` distinct ids drawn uniformly without
+    replacement from a generator seeded by ``(seed, round_index)`` only, in draw order."""
+    gen = torch.Generator().manual_seed(derive_seed(seed, "sample", round_index))
+    return torch.randperm(num_clients, generator=gen)[:per_round].tolist()
+
+
+def poisson_sample_clients(seed: int, round_index: int, num_clients: int, rate: float) -> list[int]:
+    """The clients of round ``round_index`` under Poisson sampling: each of the ``num_clients``
+    independently with probability ``rate`` (one uniform draw per client, in float64, from a
+    generator seeded by ``(seed, round_index)`` only), in increasing order; possibly none.
+
+    >>> poisson_sample_clients(0, 3, 10, 1.0)
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    >>> poisson_sample_clients(0, 3, 10, 0.5) == poisson_sample_clients(0, 3, 10, 0.5)
+    True
+    """
+    gen = torch.Generator().manual_seed(derive_seed(seed, "poisson-sample", round_index))
+    draws = torch.rand(num_clients, generator=gen, dtype=torch.float64)
+    return (draws < rate).nonzero().flatten().tolist()

@@ -30,9 +30,9 @@ import torch
 
 from fedlightning.asynchronous.events import entry, fit_result, job, next_arrival
 from fedlightning.errors import ConfigurationError, RunStopped, require
-from fedlightning.loop.sampling import sample_clients
 from fedlightning.protocol import FitResult, Payload
 from fedlightning.round_components import Round, RoundComponent, Row
+from fedlightning.seeding import sample_clients
 from fedlightning.system.model import SystemModel, time_to_target_columns
 
 __all__ = ["AsyncServer", "Fits"]

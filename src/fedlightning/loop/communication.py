@@ -16,45 +16,17 @@ as non-finite; a client that raised sent nothing). ``comm_sent_total`` and ``com
 accumulate over all rounds run so far, evaluated or not, and survive a resume.
 
 :class:`CommunicationMeter` is a round component (docs/algorithms.md section 6.2): it counts at
-``on_results`` and adds its columns to each evaluated row.
+``on_results`` and adds its columns to each evaluated row. The sizes are
+:func:`fedlightning.protocol.message_bytes` (the messages' module: the system model times uploads
+by them too).
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-import numpy as np
-from torch import Tensor
-
-from fedlightning.protocol import ClientJob, FitResult, Payload, Upload
+from fedlightning.protocol import ClientJob, FitResult, message_bytes
 from fedlightning.round_components import Round, RoundComponent, Row
-
-
-def nbytes(value: Any) -> int:
-    """Bytes of ``value`` on the wire: tensors and arrays by ``nbytes``, containers summed, numbers
-    8, strings their UTF-8 length, anything else its pickled size."""
-    if isinstance(value, Tensor):
-        return int(value.nbytes)
-    if isinstance(value, Mapping):
-        return sum(nbytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(nbytes(v) for v in value)
-    if isinstance(value, bool | int | float):
-        return 8
-    if isinstance(value, str):
-        return len(value.encode())
-    if value is None:
-        return 0
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    return len(pickle.dumps(value))
-
-
-def message_bytes(message: Payload | Upload) -> int:
-    """``sum nbytes(weights) + sum nbytes(extras)`` of one payload or upload."""
-    return nbytes(message.weights) + nbytes(message.extras)
 
 
 class CommunicationMeter(RoundComponent):

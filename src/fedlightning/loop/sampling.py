@@ -3,44 +3,24 @@
 Two rules (``loop.client_sampling``): ``fixed`` draws ``clients_per_round`` distinct clients
 uniformly without replacement; ``poisson`` takes each client independently with probability
 ``q`` (so the number varies from round to round, and may be 0), the sampling Opacus's accountants
-assume for client-level differential privacy (docs/algorithms.md section 7.1).
+assume for client-level differential privacy (docs/algorithms.md section 7.1). The two draws
+live in :mod:`fedlightning.seeding` (beside the run's other seeded draws, below every layer that
+samples: the loop and the asynchronous servers).
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
-
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.seeding import derive_seed
+from fedlightning.seeding import poisson_sample_clients, sample_clients
 from fedlightning.server.base import Aggregator
 from fedlightning.server.fedcross import FedCross
 
+__all__ = ["SAMPLINGS", "poisson_sample_clients", "round_clients", "sample_clients"]
+
 #: the values of ``loop.client_sampling``
 SAMPLINGS = ("fixed", "poisson")
-
-
-def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
-    """The clients of round ``round_index``: ``per_round`` distinct ids drawn uniformly without
-    replacement from a generator seeded by ``(seed, round_index)`` only, in draw order."""
-    gen = torch.Generator().manual_seed(derive_seed(seed, "sample", round_index))
-    return torch.randperm(num_clients, generator=gen)[:per_round].tolist()
-
-
-def poisson_sample_clients(seed: int, round_index: int, num_clients: int, rate: float) -> list[int]:
-    """The clients of round ``round_index`` under Poisson sampling: each of the ``num_clients``
-    independently with probability ``rate`` (one uniform draw per client, in float64, from a
-    generator seeded by ``(seed, round_index)`` only), in increasing order; possibly none.
-
-    >>> poisson_sample_clients(0, 3, 10, 1.0)
-    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
-    >>> poisson_sample_clients(0, 3, 10, 0.5) == poisson_sample_clients(0, 3, 10, 0.5)
-    True
-    """
-    gen = torch.Generator().manual_seed(derive_seed(seed, "poisson-sample", round_index))
-    draws = torch.rand(num_clients, generator=gen, dtype=torch.float64)
-    return (draws < rate).nonzero().flatten().tolist()
 
 
 def round_clients(

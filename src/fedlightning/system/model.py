@@ -35,8 +35,7 @@ from typing import Any, Literal
 import torch
 
 from fedlightning.errors import ConfigurationError, require
-from fedlightning.loop.communication import message_bytes
-from fedlightning.protocol import ClientJob, FitResult, Upload
+from fedlightning.protocol import ClientJob, FitResult, Upload, message_bytes
 from fedlightning.round_components import Round, RoundComponent, Row
 from fedlightning.seeding import derive_seed
 from fedlightning.system.distributions import Distribution
