@@ -90,7 +90,7 @@ def straggler_jobs(rounds: int, epochs: int, out: Path) -> dict[str, tuple[dict,
             del methods["FedProx mu=0"]
         for method, (mu, sys_model) in methods.items():
             name = f"{method} @ {fraction:.0%}"
-            slug = f"a-{method.split()[0]}-{mu}-{sys_model is None}-{fraction:.0%}"
+            slug = f"a{rounds}x{epochs}-{method.split()[0]}-{mu}-{sys_model is None}-{fraction:.0%}"
             jobs[name] = (straggler_config(rounds, epochs, mu, sys_model), out / slug)
     return jobs
 
@@ -131,7 +131,7 @@ def fedbuff_jobs(seeds: list[int], fits: int, out: Path) -> dict[str, tuple[dict
                                                  "FedAsync", "init_args": component}]  # fmt: skip
             else:
                 config["loop"]["components"] = [component]
-            jobs[f"{method} | seed {seed}"] = (config, out / f"b-{method.split()[0]}-"
+            jobs[f"{method} | seed {seed}"] = (config, out / f"b{fits}-{method.split()[0]}-"
                                                f"{'deadline' in method}-{seed}")  # fmt: skip
     return jobs
 
