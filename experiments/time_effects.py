@@ -52,6 +52,9 @@ SYNTHETIC = {"dataset": "fedprox_synthetic", "partition": "natural", "num_client
              "batch_size": BATCH, "val_fraction": 0.0, "seed": 0}  # fmt: skip
 FEDBUFF_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "fedbuff.yaml"
 ASYNC_DEADLINE, TARGET = 2.0, 0.9
+#: experiment (a)'s methods -> their --methods name
+STRAGGLER_METHODS = {"FedAvg (drops stragglers)": "fedavg", "FedProx mu=0": "fedprox0",
+                     "FedProx mu=1": "fedprox1", "FedAvg (no system model)": "plain"}  # fmt: skip
 
 
 def system(trace: Path, deadline: float | None = None, partial: bool = False) -> dict:
@@ -75,11 +78,14 @@ def straggler_config(rounds: int, epochs: int, mu: float | None, sys_model: dict
                                     "init_args": init}, "data": dict(SYNTHETIC)}  # fmt: skip
 
 
-def straggler_jobs(rounds: int, epochs: int, out: Path) -> dict[str, tuple[dict, Path]]:
-    """name -> (config, run dir) of experiment (a)."""
+def straggler_jobs(
+    rounds: int, epochs: int, out: Path, fractions: list[float], methods_wanted: list[str]
+) -> dict[str, tuple[dict, Path]]:
+    """name -> (config, run dir) of experiment (a): the ``methods`` (keys of
+    :data:`STRAGGLER_METHODS`) at the straggler ``fractions``."""
     sizes = client_sizes(SYNTHETIC)
     jobs = {}
-    for fraction in FRACTIONS:
+    for fraction in fractions:
         speeds, _ = straggler_speeds(sizes, fraction, epochs, BATCH, DEADLINE, seed=0)
         trace = write_trace(out / f"stragglers_{fraction:.0%}.csv", speeds)
         methods = {"FedAvg (drops stragglers)": (None, system(trace, DEADLINE)),
@@ -89,6 +95,8 @@ def straggler_jobs(rounds: int, epochs: int, out: Path) -> dict[str, tuple[dict,
             methods["FedAvg (no system model)"] = (None, None)
             del methods["FedProx mu=0"]
         for method, (mu, sys_model) in methods.items():
+            if STRAGGLER_METHODS[method] not in methods_wanted:
+                continue
             name = f"{method} @ {fraction:.0%}"
             slug = f"a{rounds}x{epochs}-{method.split()[0]}-{mu}-{sys_model is None}-{fraction:.0%}"
             jobs[name] = (straggler_config(rounds, epochs, mu, sys_model), out / slug)
@@ -236,24 +244,30 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 2 epochs, 1 seed")
     parser.add_argument("--rounds", type=int, default=STRAGGLER_ROUNDS, help="of (a)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="of (b)")
+    parser.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
+    parser.add_argument("--methods", nargs="+", default=list(STRAGGLER_METHODS.values()),
+                        choices=list(STRAGGLER_METHODS.values()), help="of (a)")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (at most 2 here)")
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
+    parser.add_argument("--fits", type=int, default=300, help="client fits per run of (b)")
     parser.add_argument("--target", type=float, default=TARGET, help="of (b)")
     parser.add_argument("--out", type=Path, default=Path("runs/experiments/time_effects"))
     args = parser.parse_args(argv)
-    rounds, epochs, seeds, fits = args.rounds, EPOCHS, args.seeds, 300
+    rounds, epochs, seeds, fits = args.rounds, EPOCHS, args.seeds, args.fits
     if args.quick:
         rounds, epochs, seeds, fits = 2, 2, seeds[:1], 20
     args.out.mkdir(parents=True, exist_ok=True)
     sections = []
     if "a" in args.parts:
         print("(a) FedProx's stragglers", flush=True)
-        results = fit_all(straggler_jobs(rounds, epochs, args.out))
+        jobs = straggler_jobs(rounds, epochs, args.out, args.fractions, args.methods)
+        results = fit_all(jobs, args.jobs)
         straggler_figure(results, args.out / "stragglers.png")
         sections.append(f"### (a) synthetic(1,1), {rounds} rounds, {epochs} local epochs\n\n"
                         + straggler_table(results))  # fmt: skip
     if "b" in args.parts:
         print("(b) FedBuff's claim", flush=True)
-        results = fit_all(fedbuff_jobs(seeds, fits, args.out))
+        results = fit_all(fedbuff_jobs(seeds, fits, args.out), args.jobs)
         fedbuff_figure(results, args.target, args.out / "fedbuff.png")
         sections.append(f"### (b) digits, Pareto fit durations, {fits} client fits per run, "
                         f"seeds {seeds}\n\n" + fedbuff_table(results, args.target))  # fmt: skip

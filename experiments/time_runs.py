@@ -94,9 +94,11 @@ def fit(config: dict[str, Any], run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def fit_all(jobs: dict[str, tuple[dict[str, Any], Path]]) -> dict[str, list[dict[str, str]]]:
-    """Every ``name -> (config, run_dir)`` of ``jobs``, two processes at a time."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
+def fit_all(
+    jobs: dict[str, tuple[dict[str, Any], Path]], processes: int = 2
+) -> dict[str, list[dict[str, str]]]:
+    """Every ``name -> (config, run_dir)`` of ``jobs``, ``processes`` at a time."""
+    with ThreadPoolExecutor(max_workers=processes) as pool:
         futures = {name: pool.submit(fit, config, d) for name, (config, d) in jobs.items()}
         results = {}
         for name, future in futures.items():
