@@ -201,13 +201,17 @@ def straggler_figure(results: dict[str, list[dict[str, str]]], path: Path) -> No
                 continue
             for row, key in enumerate(("test_loss", "test_acc")):
                 kept = [r for r in rows if r.get(key) not in (None, "")]
+                colour = f"C{list(STRAGGLER_METHODS).index(method)}"  # one per method
                 axes[row, col].plot([int(r["round"]) for r in kept],
-                                    [float(r[key]) for r in kept], label=method)  # fmt: skip
+                                    [float(r[key]) for r in kept], label=method,
+                                    color=colour)  # fmt: skip
         axes[0, col].set_title(f"synthetic(1,1), {fraction:.0%} stragglers")
         axes[1, col].set_xlabel("round")
     axes[0, 0].set_ylabel("test loss (global model)")
     axes[1, 0].set_ylabel("test accuracy")
-    axes[1, 0].legend(fontsize=8)
+    for ax in axes[1]:
+        if ax.lines:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
