@@ -231,7 +231,7 @@ def fedbuff_figure(results: dict[str, list[dict[str, str]]], target: float, path
         colour = colours.setdefault(method, f"C{len(colours)}")
         ax.plot(times, accs, color=colour, alpha=0.8, lw=1.2, label=method if first else None)
     ax.axhline(target, color="grey", ls=":", lw=1)
-    ax.set_xscale("symlog", linthresh=10)
+    ax.set_xscale("log")
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("test accuracy")
     ax.set_title("digits, Pareto(1, 1.5) fit durations: one line per seed")
