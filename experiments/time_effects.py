@@ -16,7 +16,7 @@ reaches a target accuracy in less virtual time than synchronous FedAvg (waiting 
 client, or dropping those that miss a deadline of 2 s) and than FedAsync. configs/fedbuff.yaml's
 digits federation and recipe; every method trains as many client fits (300), 3 seeds.
 
-    python experiments/time_effects.py            # both tables and figures (about 50 CPU-min)
+    python experiments/time_effects.py            # both tables and figures (about 2 CPU-hours: 200 rounds)
     python experiments/time_effects.py --quick    # a smoke test: 2 rounds, 1 seed (its output says so)
 
 Writes ``table.md``, ``stragglers.png`` (the global model's test loss and accuracy against rounds, one
