@@ -13,7 +13,7 @@ to 4 decimals. TOLERANCE is how far another CPU (its own kernels: AVX-512, MKL's
 or another thread count may move it: max(0.02, twice the sample standard deviation of the run's
 last five evaluations), rounded up to a hundredth (at most 0.1), since rounding differences move
 the last round within the run's own round-to-round swing (measured in docs/algorithms.md section
-6.3). Recording prints each config's old and new figure and its CPU seconds.
+6.7). Recording prints each config's old and new figure and its CPU seconds.
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ SHORTEN = {
     "python experiments/fedcross.py": "--rounds 2 --seeds 1 --no-ablation",
     "python experiments/cofed.py": "--seeds 1",
     "python experiments/hetero.py": "--rounds 3 --seeds 0",
+    "python experiments/time_effects.py": "--quick",
     # `--loop.rounds` (README, *Running*): the configs' 30 and 60 rounds teach nothing more here
     "fedlightning fit --config configs/fedavg.yaml": "--loop.rounds 4",
     "fedlightning fit --config configs/fedcross.yaml": "--loop.rounds 4",
