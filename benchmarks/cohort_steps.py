@@ -31,7 +31,7 @@ from budget import Budget
 from devices import clock, device_name
 from fedlightning import FedAvg, FederatedDataModule, FederatedLoop
 from fedlightning.backends import CohortBackend
-from fedlightning.backends.cohort_capture import FullSteps
+from fedlightning.backends.cohort.capture import FullSteps
 from fedlightning.clients import ClientModule
 
 #: model name -> (ClientModule arguments, sample shape)

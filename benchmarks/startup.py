@@ -61,7 +61,7 @@ HAND_IMPORTS = (
 )
 #: what ``fedlightning fit`` imports before it parses: the command, Lightning's CLI and every class
 #: a config can name
-FEDLIGHTNING_IMPORTS = "import fedlightning.cli_fit as fit; fit.import_named_classes()"
+FEDLIGHTNING_IMPORTS = "import fedlightning.cli.fit as fit; fit.import_named_classes()"
 #: the front door's commands: label -> (arguments, whether its budget is 1.3x importing torch)
 FRONT_DOOR = {
     "--version": (["--version"], True),

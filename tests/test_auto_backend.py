@@ -9,7 +9,7 @@ import torch
 
 from fedlightning import FedAvg, FederatedDataModule, FederatedLoop
 from fedlightning.backends import AutoBackend, CohortBackend, SequentialBackend, auto
-from fedlightning.backends.cohort_checks import CohortRefusal
+from fedlightning.backends.cohort.checks import CohortRefusal
 from fedlightning.clients import ClientModule, ScaffoldClient
 from fedlightning.compute import Compute
 from fedlightning.protocol import FitConfig

@@ -1,4 +1,4 @@
-"""``fedlightning list``: the table of what configs can name (fedlightning.cli_catalog) holds exactly
+"""``fedlightning list``: the table of what configs can name (fedlightning.cli.catalog) holds exactly
 the registered objectives, aggregators, attacks, backends, models and data sets, each class where
 the table says and accepted by its short name; the command prints every name on a line of its own."""
 
@@ -11,8 +11,8 @@ from jsonargparse import ArgumentParser
 
 from fedlightning import attacks, backends, clients, privacy, server
 from fedlightning.cli import main
-from fedlightning.cli_catalog import KINDS, kind_named
-from fedlightning.cli_fit import import_named_classes
+from fedlightning.cli.catalog import KINDS, kind_named
+from fedlightning.cli.fit import import_named_classes
 from fedlightning.data import SOURCES
 from fedlightning.models import list_models
 

@@ -16,7 +16,7 @@ from fedlightning import (
     __version__,
 )
 from fedlightning.cli import main
-from fedlightning.cli_help import FIT_EPILOG, SUBCOMMANDS, plain
+from fedlightning.cli.help import FIT_EPILOG, SUBCOMMANDS, plain
 
 ROOT = Path(__file__).parents[1]
 RST = re.compile(r"``|:(func|class|mod|meth|attr):")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlightning import cli_runs
 from fedlightning.cli import main
+from fedlightning.cli import runs as cli_runs
 
 CONF = Path(__file__).parent / "conf" / "tiny.yaml"
 SHORT = ["--loop.rounds", "2", "--loop.plots", "false"]

@@ -194,7 +194,7 @@ def _assert_same_uploads(sequential, cohort, rtol, atol, mean=2.5e-7, loss_rtol=
 def test_stacked_optimizers_step_like_torch_per_client(cls, kwargs):
     """Each client's slice takes exactly torch's step, in place when every client steps; a masked
     client keeps its parameters and state."""
-    from fedlightning.backends.cohort_optim import StackedOptimizer
+    from fedlightning.backends.cohort.optim import StackedOptimizer
 
     torch.manual_seed(0)
     ps = [torch.randn(5, requires_grad=True) for _ in range(3)]
@@ -234,7 +234,7 @@ def test_cohort_equals_sequential_in_mixed_precision(precision, tmp_path):
 def test_a_skipped_16_mixed_step_does_not_move_that_client(tmp_path):
     """A client whose gradient overflows under its scale skips the step (parameters and momentum
     stay), while the other clients step; its scale halves."""
-    from fedlightning.backends.cohort_optim import StackedOptimizer, StackedScaler
+    from fedlightning.backends.cohort.optim import StackedOptimizer, StackedScaler
 
     params = {"w": torch.ones(3, 2)}
     opts = [torch.optim.SGD([torch.zeros(2)], lr=0.1, momentum=0.9) for _ in range(3)]

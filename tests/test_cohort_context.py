@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from fedlightning import FedAvg, FederatedDataModule, FederatedLoop, Payload
 from fedlightning.backends import CohortBackend, SequentialBackend
-from fedlightning.backends.cohort_context import context_attributes
+from fedlightning.backends.cohort.context import context_attributes
 from fedlightning.clients import FML, ClientModule
 from fedlightning.errors import ConfigurationError
 from objective_helpers import SYNTHETIC

@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fedlightning import FedAvg, FederatedDataModule, FederatedLoop
 from fedlightning.attacks.labels import training_batches
 from fedlightning.backends import CohortBackend, SequentialBackend
-from fedlightning.backends.cohort_capture import FullSteps
-from fedlightning.backends.cohort_plan import RoundPlan
+from fedlightning.backends.cohort.capture import FullSteps
+from fedlightning.backends.cohort.plan import RoundPlan
 from fedlightning.clients import MOON, ClientModule, FedProx
 from fedlightning.protocol import FitConfig
 from objective_helpers import SYNTHETIC

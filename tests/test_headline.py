@@ -10,7 +10,7 @@ import statistics
 import pytest
 from rich.console import Console
 
-from fedlightning.cli_runs import SeedRun, summary_line
+from fedlightning.cli.runs import SeedRun, summary_line
 from fedlightning.loop.headline import ScoredModels, headline
 from fedlightning.loop.progress import notebook_line, rich_bar
 

@@ -31,7 +31,7 @@ def _process_table(out: str) -> None:
     ratio = re.search(rf"ratio\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│\s*{SPREAD}\s*│", out)
     assert ratio and all(float(value) > 0 for value in ratio.groups()), out
     assert "max |w_fedlightning - w_hand| of the final models: 0.0e+00" in out, out
-    assert "only runs `import fedlightning.cli_fit as fit; fit.import_named_classes()`" in out
+    assert "only runs `import fedlightning.cli.fit as fit; fit.import_named_classes()`" in out
     assert re.search(r"modules only fedlightning's process imports: [\d.]+ s", out), out
 
 

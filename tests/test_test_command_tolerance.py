@@ -4,7 +4,7 @@ prints the largest difference; a value it calls different never prints like the 
 
 import math
 
-from fedlightning.cli_scoring import TOLERANCE, compare_logged
+from fedlightning.cli.scoring import TOLERANCE, compare_logged
 
 LOGGED = {"round": 15.0, "test_acc": 0.8306, "test_loss": 0.52341234, "resnet10/test_acc": 0.5}
 

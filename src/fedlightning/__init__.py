@@ -21,8 +21,7 @@ layer  packages and top-level modules
 5      backends
 6      loop
 7      cofed
-entry  cli cli_fit cli_runs cli_seeds cli_errors cli_names cli_help cli_catalog cli_scoring
-       cofed.cli flower_app.server flower_app.__main__ fedlightning
+entry  cli cofed.cli flower_app.server flower_app.__main__ fedlightning
 =====  ==========================================================================================
 
 Entry points (the commands, the Flower ServerApp, this package root) may import anything; no

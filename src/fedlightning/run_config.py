@@ -9,7 +9,7 @@ run started from the CLI resumes from Python and the reverse when the options ar
 
 - the CLI: the config jsonargparse resolved, with its links applied (``data.seed``, the model's
   ``num_classes``/``in_channels``/``image_size``) and ``run_dir`` filled in, as ``--print_config``
-  shows it (:meth:`fedlightning.cli_fit.FederatedCLI.resolved_config`, handed to the loop as
+  shows it (:meth:`fedlightning.cli.fit.FederatedCLI.resolved_config`, handed to the loop as
   ``loop.config_text``);
 - the Python API (``FederatedLoop.fit`` without the CLI): the constructor arguments actually
   passed, as recorded at construction: the loop's (:mod:`fedlightning.recorded_args`), the

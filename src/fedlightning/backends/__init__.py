@@ -2,7 +2,8 @@
 other), ``CohortBackend`` (all sampled clients at once with ``torch.func.vmap``) and
 ``RayBackend`` (long-lived Ray actors; the ``ray`` extra), ``FlowerBackend`` (SuperNodes of a
 Flower deployment; the ``flower`` extra); ``AutoBackend`` (the loop's default)
-picks the cohort where it is supported and faster, else sequential. Chosen by ``loop.backend`` with a
+chooses by a rule per device kind: sequential fits on a CPU, the cohort on an accelerator where it
+is supported (docs/algorithms.md section 9.3). Chosen by ``loop.backend`` with a
 ``class_path`` like the aggregator; results do not depend on the backend beyond the cohort's
 floating-point reassociation (see :mod:`fedlightning.backends.base` for where that shows)."""
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
 from fedlightning.backends.cohort import CohortBackend
-from fedlightning.backends.cohort_checks import CohortRefusal
+from fedlightning.backends.cohort.checks import CohortRefusal
 from fedlightning.backends.sequential import SequentialBackend
 from fedlightning.errors import ConfigurationError
 from fedlightning.protocol import ClientJob, FitConfig
@@ -106,7 +106,7 @@ class AutoBackend(Backend):
     def run(self, round_index: int, jobs: Sequence[ClientJob]) -> RoundResults:
         """The chosen backend's round. A cohort that finds, when the clients' round begins, that
         it cannot train them together (per-client parameters, e.g. FML's personal models under
-        some options; :class:`~fedlightning.backends.cohort_checks.CohortRefusal`) refuses before
+        some options; :class:`~fedlightning.backends.cohort.checks.CohortRefusal`) refuses before
         any training, and a client whose fit raises inside the cohort fails the clients it trains
         with: in both cases the run goes on sequentially from this round (where a failed client is
         that client's failure, for the loop's failure policy), saying why once. The checkpoints

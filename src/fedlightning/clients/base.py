@@ -6,7 +6,7 @@ from the module's own forward; the round context it needs (the dispatched weight
 variate, frozen models) is prepared in :meth:`ClientModule.begin_client` as attributes of the
 module, and :meth:`ClientModule.end_client` returns the upload and the new persistent state. The
 same ``local_loss`` drives every backend (:mod:`fedlightning.fit`); the cohort backend stacks the
-attributes per client with nothing declared (:mod:`fedlightning.backends.cohort_context`). Any
+attributes per client with nothing declared (:mod:`fedlightning.backends.cohort.context`). Any
 objective trains heterogeneous clients by the ``networks`` option, with no subclass.
 
 Who owns what (docs/algorithms.md section 6.1): the objective owns the network it is training

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from fedlightning.cli_help import PlainHelpFormatter
+from fedlightning.cli.help import PlainHelpFormatter
 from fedlightning.cofed.pipeline import CoFED, CoFEDResult
 from fedlightning.errors import RunInterrupted
 from fedlightning.loop.rundir import (

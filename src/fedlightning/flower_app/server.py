@@ -1,7 +1,7 @@
 """The exported app's ServerApp: the whole fedlightning loop runs inside it.
 
 The run config holds the fedlightning config (YAML text) and the run directory; the loop is built
-by :class:`~fedlightning.cli_fit.FederatedCLI` as ``fedlightning fit`` would, with
+by :class:`~fedlightning.cli.fit.FederatedCLI` as ``fedlightning fit`` would, with
 ``loop.backend: FlowerBackend`` (``address: null``) on the Grid this ServerApp was given, which
 :func:`main` passes to the command (``fedlightning.cli.main(..., grid=grid)``) and the CLI hands to
 the backend (:meth:`~fedlightning.backends.flower.FlowerBackend.use_grid`). Like

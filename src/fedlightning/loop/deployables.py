@@ -9,7 +9,7 @@ FedCross's ``middleware_<i>``), each with the registered model name of its archi
 deployable's weights; for FML with adaptor heads, the backbone's and the assembled head's,
 :class:`~fedlightning.clients.fml_heads.HeadedBackbone`). With ``config.yaml`` (the objective's
 settings) it rebuilds every scoring network: ``fedlightning test RUN_DIR`` does
-(:mod:`fedlightning.cli_scoring`). docs/algorithms.md section 6.1.
+(:mod:`fedlightning.cli.scoring`). docs/algorithms.md section 6.1.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
   where the bad byte is, and one that gives a key twice naming the key and both lines, before
   anything is parsed; so is a group's file (``--loop FILE``) or a nested option's YAML file.
 - :func:`configuration_error`: the ConfigurationError behind an error (jsonargparse wraps those
-  raised while instantiating); a parse error is one already (:mod:`fedlightning.cli_fit`,
-  :mod:`fedlightning.cli_names`).
+  raised while instantiating); a parse error is one already (:mod:`fedlightning.cli.fit`,
+  :mod:`fedlightning.cli.names`).
 - :func:`one_line_error`: a class named by ``class_path`` (an objective, an aggregator, a logger,
   a backend) whose constructor raised names the class, the exception and where it was raised; a
   Lightning logger whose optional package is missing names the package and how to install it; a
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from fedlightning.cli_help import SUBCOMMANDS
+from fedlightning.cli.help import SUBCOMMANDS
 from fedlightning.config_checks import check_yaml_keys
 from fedlightning.errors import ConfigurationError, RunInterrupted, closest, did_you_mean
 from fedlightning.loop.rundir import NAME_MAX

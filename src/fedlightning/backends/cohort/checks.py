@@ -1,6 +1,6 @@
 """The cohort backend's checks that a round's clients can be stacked into one ``local_loss``.
 
-:func:`check_cohort` compares every client's view (:class:`~fedlightning.backends.cohort_state.
+:func:`check_cohort` compares every client's view (:class:`~fedlightning.backends.cohort.state.
 ClientView`, taken after its ``begin_client``) with the first client's and refuses, with a
 ConfigurationError naming the attribute and the fix, what would make the vectorized ``local_loss``
 see one client's value for every client or could not be stacked:
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedlightning.backends.cohort_context import Path, render
+from fedlightning.backends.cohort.context import Path, render
 from fedlightning.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from fedlightning.backends.cohort_state import ClientView
+    from fedlightning.backends.cohort.state import ClientView
     from fedlightning.clients.base import ClientModule
 
 #: values compared by ``==`` between clients (numpy arrays: elementwise; others: by identity)

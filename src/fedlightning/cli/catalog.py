@@ -1,5 +1,5 @@
 """What a config or the command line can name by a short name, one line each: the table that
-``fedlightning list`` prints and that one-line errors search (:mod:`fedlightning.cli_names`).
+``fedlightning list`` prints and that one-line errors search (:mod:`fedlightning.cli.names`).
 
 The table is written here, not read from the registries, so that ``fedlightning list`` and a
 refused name cost no Lightning import (``benchmarks/startup.py``); ``tests/test_cli_catalog.py``

@@ -1,4 +1,4 @@
-"""``fedlightning fit ... --seeds S [S ...]`` as solid as one ``fit`` (:mod:`fedlightning.cli_runs`
+"""``fedlightning fit ... --seeds S [S ...]`` as solid as one ``fit`` (:mod:`fedlightning.cli.runs`
 runs the seeds): checked whole before the first seed trains, a failing seed named, and a sweep
 stopped by SIGINT or SIGTERM at any seed saying what finished and the commands that finish it.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedlightning.backends.ray import RayBackend
-from fedlightning.cli_errors import configuration_error, one_line_error, without_option
-from fedlightning.cli_fit import FederatedCLI
+from fedlightning.cli.errors import configuration_error, one_line_error, without_option
+from fedlightning.cli.fit import FederatedCLI
 from fedlightning.errors import (
     ConfigurationError,
     PluginError,

@@ -2,7 +2,7 @@
 section 9.2).
 
 A small model's step is a few hundred short kernels, and launching them from Python costs more
-than running them. :meth:`CohortStep.full <fedlightning.backends.cohort_step.CohortStep.full>`
+than running them. :meth:`CohortStep.full <fedlightning.backends.cohort.step.CohortStep.full>`
 has static shapes, reads its batch through one static index tensor and updates the stacked
 tensors in place, so on a CUDA device :class:`FullSteps` runs the round's first full steps of a
 batch size eagerly (on a side stream, as torch's CUDA graph recipe warms up), captures the next
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedlightning.backends.cohort_plan import RoundPlan
-from fedlightning.backends.cohort_step import CohortStep
+from fedlightning.backends.cohort.plan import RoundPlan
+from fedlightning.backends.cohort.step import CohortStep
 
 log = logging.getLogger("fedlightning")
 
@@ -76,7 +76,7 @@ class FullSteps:
             with torch.cuda.graph(graph):
                 self.step.full(self.plan.batch(rows))
         except torch.cuda.OutOfMemoryError:
-            raise  # the chunk is too large (fedlightning.backends.cohort_memory)
+            raise  # the chunk is too large (fedlightning.backends.cohort.memory)
         except RuntimeError as error:  # a host synchronisation, an operation graphs refuse
             reason = (
                 str(error).strip().splitlines()[0][:200] if str(error) else type(error).__name__

@@ -2,16 +2,16 @@
 9.2).
 
 ``vmap(grad_and_value(loss))`` of the objective's own ``local_loss`` (called through
-:class:`~fedlightning.backends.cohort_state.ContextLoss` on each client's slice) gives every
+:class:`~fedlightning.backends.cohort.state.ContextLoss` on each client's slice) gives every
 client's gradient, updated buffers (BatchNorm) and tracked values; then the ``16-mixed`` unscale,
-the clipping, the optimizer (:class:`~fedlightning.backends.cohort_optim.StackedOptimizer`) and
+the clipping, the optimizer (:class:`~fedlightning.backends.cohort.optim.StackedOptimizer`) and
 the sums of the tracked values, all on the stacked tensors.
 
 - :meth:`CohortStep.full`, the common case (every client has a batch, all of one size): the
   stacked tensors are the vmapped inputs themselves and are updated in place, with no gather, no
   scatter, no host synchronisation and no Python loop over parameters beyond the optimizer's
   multi-tensor calls; its inputs and outputs live at fixed addresses, so it can be captured and
-  replayed (:mod:`fedlightning.backends.cohort_capture`), and it compiles with
+  replayed (:mod:`fedlightning.backends.cohort.capture`), and it compiles with
   ``torch.compile(fullgraph=True)`` (tests/test_cohort_step.py);
 - :meth:`CohortStep.partial`, any other step: the active clients grouped by batch size, each group
   gathered, vmapped and scattered back; the others keep their parameters and optimizer state.
@@ -32,9 +32,9 @@ from torch import Tensor
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fedlightning.backends.cohort_metrics import StackedMetrics
-from fedlightning.backends.cohort_optim import StackedOptimizer, StackedScaler, clip_gradients
-from fedlightning.backends.cohort_state import ContextLoss
+from fedlightning.backends.cohort.metrics import StackedMetrics
+from fedlightning.backends.cohort.optim import StackedOptimizer, StackedScaler, clip_gradients
+from fedlightning.backends.cohort.state import ContextLoss
 
 Batch = tuple[Tensor, Tensor]
 

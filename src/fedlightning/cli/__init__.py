@@ -1,4 +1,4 @@
-"""The ``fedlightning`` command: ``fit`` (:mod:`fedlightning.cli_fit`), ``cofed``, ``plot``,
+"""The ``fedlightning`` command: ``fit`` (:mod:`fedlightning.cli.fit`), ``cofed``, ``plot``,
 ``flower-app`` and ``list``, ``--help`` and ``--version``.
 
 This module imports only what the front door needs: ``--version``, ``--help``, ``list`` and the
@@ -16,14 +16,14 @@ from typing import Any
 from fedlightning.gc_tuning import freeze_imported, gc_paused
 
 with gc_paused():  # see fedlightning.gc_tuning
-    from fedlightning.cli_errors import (
+    from fedlightning.cli.errors import (
         check_config_files,
         check_subcommand,
         configuration_error,
         one_line_error,
         stop_report,
     )
-    from fedlightning.cli_help import (
+    from fedlightning.cli.help import (
         print_catalog,
         print_fit_usage,
         print_overview,
@@ -40,8 +40,8 @@ def main(args: list[str] | None = None, grid: Any = None) -> None:
     (:func:`fedlightning.analysis.plot_command.plot_command`); ``fedlightning cofed ...`` runs CoFED's one-shot
     pipeline (:mod:`fedlightning.cofed.cli`), which has no rounds and so no FederatedLoop;
     ``fedlightning flower-app ...`` writes a Flower App (:mod:`fedlightning.flower_app.export`);
-    ``fedlightning test RUN_DIR`` scores a run's saved models (:mod:`fedlightning.cli_scoring`);
-    ``fedlightning list [KIND]`` prints what configs can name (:mod:`fedlightning.cli_catalog`).
+    ``fedlightning test RUN_DIR`` scores a run's saved models (:mod:`fedlightning.cli.scoring`);
+    ``fedlightning list [KIND]`` prints what configs can name (:mod:`fedlightning.cli.catalog`).
     ``grid``: a Flower ServerApp's Grid for ``fit`` with ``FlowerBackend(address=None)``
     (:mod:`fedlightning.flower_app.server`)."""
     argv = sys.argv[1:] if args is None else list(args)
@@ -101,9 +101,10 @@ def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
         elif argv[0] == "flower-app":
             from fedlightning.flower_app.export import main as command
         elif argv[0] == "test":
-            from fedlightning.cli_scoring import test_command as command
+            from fedlightning.cli.scoring import test_command as command
         else:
-            from fedlightning import cli_fit, cli_runs
+            from fedlightning.cli import fit as cli_fit
+            from fedlightning.cli import runs as cli_runs
 
             cli_fit.import_named_classes()  # before the freeze: they live as long as the process
     if args is None:  # the `fedlightning` process itself (not a call from Python, e.g. a test)
@@ -124,11 +125,7 @@ def _dispatch(argv: list[str], args: list[str] | None, grid: Any) -> None:
 def __getattr__(name: str) -> Any:
     """``fedlightning.cli.FederatedCLI``, imported on first use (it imports Lightning)."""
     if name == "FederatedCLI":
-        from fedlightning.cli_fit import FederatedCLI
+        from fedlightning.cli.fit import FederatedCLI
 
         return FederatedCLI
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":
-    main()

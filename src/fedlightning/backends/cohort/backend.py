@@ -1,25 +1,25 @@
 """The cohort backend: all sampled clients of a round trained at once with ``torch.func``.
 
 For each client, ``begin_client`` runs once, as in a sequential fit, and the client's view of the
-objective is kept (:mod:`fedlightning.backends.cohort_state`): its parameters, buffers, its fresh
+objective is kept (:mod:`fedlightning.backends.cohort.state`): its parameters, buffers, its fresh
 optimizer's state and its round context, derived from the objective's own attributes (every
-tensor and frozen module that ``begin_client`` left there, :mod:`fedlightning.backends.
-cohort_context`; nothing is declared). These are stacked along a leading client axis, and one
+tensor and frozen module that ``begin_client`` left there, :mod:`fedlightning.backends.cohort.
+context`; nothing is declared). These are stacked along a leading client axis, and one
 ``vmap(grad_and_value(...))`` of the objective's own :meth:`ClientModule.local_loss`, called
 through ``functional_call`` on each client's slice, gives every client's gradient, updated
 BatchNorm buffers and tracked metrics per step; the optimizer step, clipping and ``16-mixed``
-scaling are per client (:mod:`fedlightning.backends.cohort_optim`). Each client sees exactly the
+scaling are per client (:mod:`fedlightning.backends.cohort.optim`). Each client sees exactly the
 batches of its sequential fit, drawn for the whole round before the first step and sliced on the
-device (:mod:`fedlightning.backends.cohort_plan`). A step where every client has a batch of one
+device (:mod:`fedlightning.backends.cohort.plan`). A step where every client has a batch of one
 size (the common case) works on the stacked tensors in place, with no gather, scatter or host
-synchronisation, and on a CUDA device is captured once and replayed (:mod:`fedlightning.backends.
-cohort_step`, :mod:`fedlightning.backends.cohort_capture`; docs/algorithms.md section 9.2); in
+synchronisation, and on a CUDA device is captured once and replayed (:mod:`fedlightning.backends.cohort.
+step`, :mod:`fedlightning.backends.cohort.capture`; docs/algorithms.md section 9.2); in
 other steps, clients whose current batch has another size (a shorter last batch) are vmapped in a
 group of their own, so no padding changes the objective, and a client that has run out of steps
 keeps its parameters and optimizer state. Clients of different architectures (``model.networks``)
 are one cohort per architecture, run back to back; on a GPU, a cohort whose clients do not fit in
-memory together runs in chunks sized from the free memory (:mod:`fedlightning.backends.
-cohort_memory`). After training, each client's view is put back with its trained tensors, optimizer state and tracked metrics, and
+memory together runs in chunks sized from the free memory (:mod:`fedlightning.backends.cohort.
+memory`). After training, each client's view is put back with its trained tensors, optimizer state and tracked metrics, and
 :func:`fedlightning.fit.fit_result` builds its result from its ``end_client`` and
 ``client_metrics()``, as for every backend.
 
@@ -44,13 +44,13 @@ dropout the two backends agree in distribution only.
 Refused before training, with the reason: objectives that need a Lightning Trainer (manual
 optimization, overridden hooks), LR schedulers, optimizers other than SGD/Adam/AdamW (or with
 dampening, amsgrad, maximize), ``64-true``, BatchNorm under mixed precision on the CPU (no vmap
-rule there). At every round before any step (:mod:`fedlightning.backends.cohort_checks`): what
+rule there). At every round before any step (:mod:`fedlightning.backends.cohort.checks`): what
 cannot be stacked into one ``local_loss`` (a per-client number or object, a per-client shape, a
 ``local_loss`` reading ``self.state``, ``self.payload`` or ``self.client_id``), naming the
 attribute and the fix. A ``local_loss`` that cannot be vmapped (data-dependent Python control
 flow, ``.item()``) is refused with vmap's message at its first step. An objective that raises
 while its clients train together fails them all: the run stops with one line naming the objective,
-the exception and where it was raised (:mod:`fedlightning.backends.cohort_failure`).
+the exception and where it was raised (:mod:`fedlightning.backends.cohort.failure`).
 """
 
 from __future__ import annotations
@@ -64,14 +64,14 @@ from torch import nn
 
 from fedlightning.attacks.labels import training_batches
 from fedlightning.backends.base import Backend, ClientDone, RoundResults
-from fedlightning.backends.cohort_capture import FullSteps
-from fedlightning.backends.cohort_checks import CohortRefusal, check_cohort
-from fedlightning.backends.cohort_failure import cohort_failures
-from fedlightning.backends.cohort_memory import ChunkSizes
-from fedlightning.backends.cohort_optim import StackedOptimizer, StackedScaler, optimizer_refusal
-from fedlightning.backends.cohort_plan import RoundPlan
-from fedlightning.backends.cohort_state import ClientView, ContextLoss
-from fedlightning.backends.cohort_step import CohortStep, Stacks
+from fedlightning.backends.cohort.capture import FullSteps
+from fedlightning.backends.cohort.checks import CohortRefusal, check_cohort
+from fedlightning.backends.cohort.failure import cohort_failures
+from fedlightning.backends.cohort.memory import ChunkSizes
+from fedlightning.backends.cohort.optim import StackedOptimizer, StackedScaler, optimizer_refusal
+from fedlightning.backends.cohort.plan import RoundPlan
+from fedlightning.backends.cohort.state import ClientView, ContextLoss
+from fedlightning.backends.cohort.step import CohortStep, Stacks
 from fedlightning.clients.round_watch import ClientWatch
 from fedlightning.compute import COHORT_PRECISIONS, Compute
 from fedlightning.fit import fit_result, split_optimizers, trainer_reason
@@ -95,7 +95,7 @@ class CohortBackend(Backend):
 
     Args:
         capture: on a CUDA device, capture a round's full steps as a CUDA graph and replay them
-            (:mod:`fedlightning.backends.cohort_capture`); no result depends on it.
+            (:mod:`fedlightning.backends.cohort.capture`); no result depends on it.
     """
 
     def __init__(self, capture: bool = True) -> None:

@@ -1,5 +1,5 @@
 """The front page of the ``fedlightning`` command: its subcommands, ``--version``, the usage that a
-bare ``fedlightning fit`` prints, ``fedlightning list`` (:mod:`fedlightning.cli_catalog`), and a
+bare ``fedlightning fit`` prints, ``fedlightning list`` (:mod:`fedlightning.cli.catalog`), and a
 help formatter that shows docstrings as plain terminal text.
 
 Docstrings are written in reStructuredText (``code``, :func:`name`, :mod:`~a.b`); in a terminal
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from jsonargparse import DefaultHelpFormatter
 
-from fedlightning.cli_catalog import KINDS, kind_named
+from fedlightning.cli.catalog import KINDS, kind_named
 from fedlightning.errors import ConfigurationError, did_you_mean
 
 SUBCOMMANDS: dict[str, str] = {
@@ -132,7 +132,7 @@ def print_overview(file=None) -> None:
     print("\n".join(lines), file=file)
 
 
-#: the options ``fedlightning fit`` takes besides its parser's (:mod:`fedlightning.cli_runs`), the
+#: the options ``fedlightning fit`` takes besides its parser's (:mod:`fedlightning.cli.runs`), the
 #: end of ``fedlightning fit --help``
 FIT_EPILOG = (
     "fedlightning fit also takes --fast_dev_run (a smoke test: one round, 2 batches per client, "

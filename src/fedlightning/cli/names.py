@@ -2,7 +2,7 @@
 
 jsonargparse says what failed in a nested report (the option's key, the union of types tried, each
 type's error, the value given); :func:`parse_error_line` reads it and answers with what was given
-and what fits there, from :mod:`fedlightning.cli_catalog`:
+and what fits there, from :mod:`fedlightning.cli.catalog`:
 
 - a class name that is not of the option's kind says where it belongs
   (``FedProx is a client objective: --model FedProx, or -c configs/fedprox.yaml``) and the closest
@@ -19,7 +19,7 @@ and what fits there, from :mod:`fedlightning.cli_catalog`:
 - anything else is jsonargparse's own report, folded onto one line.
 
 A mistake in a config file starts with the file and the line of the key
-(:func:`fedlightning.cli_names.key_location`).
+(:func:`fedlightning.cli.names.key_location`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import yaml
 
-from fedlightning.cli_catalog import Kind, kind_of_base, kinds_of
-from fedlightning.cli_errors import config_arguments
+from fedlightning.cli.catalog import Kind, kind_of_base, kinds_of
+from fedlightning.cli.errors import config_arguments
 from fedlightning.errors import closest, did_you_mean, what_it_is
 from fedlightning.run_config import canonical_class_path
 

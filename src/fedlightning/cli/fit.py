@@ -4,7 +4,7 @@ The config has three groups: ``loop`` (FederatedLoop, with its ``aggregator``), 
 ClientModule subclass: the client objective) and ``data`` (FederatedDataModule). The model's input
 and output sizes are linked from the data, and the loop's seed seeds model initialisation and the
 data partition, so one ``loop.seed`` fixes the whole run. A command-line or config mistake the
-parser finds is one line (:func:`fedlightning.cli_names.parse_error_line`), not the usage and
+parser finds is one line (:func:`fedlightning.cli.names.parse_error_line`), not the usage and
 jsonargparse's report. :mod:`fedlightning.cli` imports this module only for ``fit`` (it imports
 Lightning).
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from fedlightning.cli_catalog import KINDS
-from fedlightning.cli_errors import configuration_error
-from fedlightning.cli_help import FIT_EPILOG, PlainHelpFormatter
-from fedlightning.cli_names import parse_error_line
+from fedlightning.cli.catalog import KINDS
+from fedlightning.cli.errors import configuration_error
+from fedlightning.cli.help import FIT_EPILOG, PlainHelpFormatter
+from fedlightning.cli.names import parse_error_line
 from fedlightning.clients.base import ClientModule
 from fedlightning.data.datamodule import FederatedDataModule
 from fedlightning.determinism import prepare_environment
@@ -44,7 +44,7 @@ class FederatedCLI(LightningCLI):
     ``grid``: the Flower Grid of the ServerApp running this command
     (:mod:`fedlightning.flower_app.server`), handed to its ``FlowerBackend(address=None)``.
     ``subdirectory``: the run goes to ``<run_dir>/<subdirectory>`` (one of several seeds:
-    :mod:`fedlightning.cli_runs`).
+    :mod:`fedlightning.cli.runs`).
     """
 
     def __init__(
@@ -222,7 +222,7 @@ def _attribute(name: str):
 
 
 def import_named_classes() -> None:
-    """Import every class :mod:`fedlightning.cli_catalog` names: jsonargparse resolves a short
+    """Import every class :mod:`fedlightning.cli.catalog` names: jsonargparse resolves a short
     name (``--loop.aggregator FedAvgM``) among the imported subclasses of the option's type, and
     the packages import their classes on first use (:mod:`fedlightning.lazy`)."""
     with gc_paused():  # see fedlightning.gc_tuning

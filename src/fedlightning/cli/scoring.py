@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from fedlightning.cli import FederatedCLI
+from fedlightning.cli.fit import FederatedCLI
 from fedlightning.compute import Compute
 from fedlightning.errors import ConfigurationError
 from fedlightning.loop.checkpoint import read_checkpoint

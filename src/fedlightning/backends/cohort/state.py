@@ -2,7 +2,7 @@
 ``end_client``, how it checks that a cohort can be stacked, and how ``local_loss`` sees a client.
 
 ``begin_client`` runs once per client and round. Right after it, :meth:`ClientView.capture` keeps
-the client's view of the objective: its own attributes (:mod:`fedlightning.backends.cohort_context`),
+the client's view of the objective: its own attributes (:mod:`fedlightning.backends.cohort.context`),
 with copies of
 
 - ``params``: every parameter (the network as dispatched to this client, so FedCross's different
@@ -14,7 +14,7 @@ with copies of
   stacked too: an objective holds its round context, a few model-sized tensors at most, so one
   copy per client costs what the parameters do.
 
-:func:`~fedlightning.backends.cohort_checks.check_cohort` then refuses, naming the attribute,
+:func:`~fedlightning.backends.cohort.checks.check_cohort` then refuses, naming the attribute,
 what cannot be stacked into one ``local_loss``.
 
 :class:`ContextLoss` is the module that ``functional_call`` runs: it binds each client's context
@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from fedlightning.backends.cohort_checks import alias_refusal
-from fedlightning.backends.cohort_context import (
+from fedlightning.backends.cohort.checks import alias_refusal
+from fedlightning.backends.cohort.context import (
     Path,
     context_attributes,
     lightning_attributes,

@@ -11,7 +11,7 @@ of an attribute's value through dicts, lists, tuples and dataclasses:
 - an ``nn.Module`` that is not one of the objective's registered submodules (MOON's frozen
   models): its parameters and buffers are round context;
 - anything else (numbers, strings, other objects): must be the same for every client of a cohort
-  (:mod:`fedlightning.backends.cohort_state` checks it).
+  (:mod:`fedlightning.backends.cohort.state` checks it).
 
 A registered submodule reached through an attribute (an alias) is no leaf: its tensors are stacked
 as the objective's own parameters and buffers. :func:`rebuild` puts other leaves in place (each

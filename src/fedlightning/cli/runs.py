@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedlightning.backends.ray import RayBackend, init_ray
-from fedlightning.cli_fit import fit_command
-from fedlightning.cli_seeds import Sweep, check_sweep
+from fedlightning.cli.fit import fit_command
+from fedlightning.cli.seeds import Sweep, check_sweep
 from fedlightning.errors import ConfigurationError, RunInterrupted
 from fedlightning.loop.headline import UNGROUPED, ScoredModels, headline, headline_metric
 from fedlightning.signals import finished, more_work, stopped_by
@@ -147,7 +147,7 @@ def fast_dev_run(args: list[str]) -> None:
 def run_seeds(args: list[str], seeds: list[int]) -> None:
     """The seeds of the module docstring; ``args``: ``fit`` and its arguments. Every seed's
     options and run directory are checked before the first seed trains, a failing seed is
-    named, and SIGINT/SIGTERM stop the sweep at any seed (:mod:`fedlightning.cli_seeds`)."""
+    named, and SIGINT/SIGTERM stop the sweep at any seed (:mod:`fedlightning.cli.seeds`)."""
     sweep = Sweep(args, seeds)
     with sweep.reporting():
         plan = check_sweep(args, seeds, sweep)

@@ -1,0 +1,5 @@
+"""``python -m fedlightning.cli``: the ``fedlightning`` command."""
+
+from fedlightning.cli import main
+
+main()
