@@ -73,6 +73,7 @@ def run(method: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict
     dm = FederatedDataModule(
         dataset="digits", num_clients=args.num_clients, partition="dirichlet", beta=args.beta,
         batch_size=32, seed=seed, resize=16,
+        min_batch_size=8,  # B/4, as the BatchNorm configs (docs 4.1): no batch of one sample
     )  # fmt: skip
     loop = FederatedLoop(
         rounds=args.rounds, clients_per_round=args.clients_per_round, local_epochs=args.local_epochs,

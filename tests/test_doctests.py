@@ -26,7 +26,6 @@ MODULES = [
     "fedlightning.cofed.torch_participants",
     "fedlightning.privacy.client_dp_maths",
     "fedlightning.attacks.maths",
-    "fedlightning.loop.sampling",
     "fedlightning.server.breakdown",
     "fedlightning.server.statistics.bucketing",
     "fedlightning.server.statistics.bulyan",

@@ -13,7 +13,7 @@ import torch
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, ClientModule, ScaffoldClient
 from fedlightning.errors import ConfigurationError
-from fedlightning.loop.communication import message_bytes, nbytes
+from fedlightning.protocol import message_bytes, nbytes
 from fedlightning.metrics import accuracy_distribution
 from fedlightning.protocol import Payload, Upload
 from fedlightning.server import FedAvg, FedCross, Scaffold
