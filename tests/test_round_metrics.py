@@ -13,9 +13,8 @@ import torch
 from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.clients import FML, ClientModule, ScaffoldClient
 from fedlightning.errors import ConfigurationError
-from fedlightning.protocol import message_bytes, nbytes
 from fedlightning.metrics import accuracy_distribution
-from fedlightning.protocol import Payload, Upload
+from fedlightning.protocol import Payload, Upload, message_bytes, nbytes
 from fedlightning.server import FedAvg, FedCross, Scaffold
 from objective_helpers import SYNTHETIC, synthetic_run
 
