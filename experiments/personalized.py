@@ -5,7 +5,8 @@ Each method runs as a user runs it: ``fedlightning fit`` on its shipped config u
 ``configs/`` (its optimizer, batch size and options), with the setting of the table given on the
 command line: the data set (``digits``, or ``mnist5k``: 5,000 real MNIST images), 20 clients
 split pathologically (2 classes each) or by Dirichlet(0.1) label skew, a quarter of each client's
-samples its own test split, 10 clients a round, one local epoch, the seed. Global methods are
+samples its own test split, 10 clients a round, one local epoch (FedRep: its head's 10, then one
+of the body), the seed. Global methods are
 scored per client too (``loop.personal``: their global model on each client's split; FedAvg-FT
 fine-tunes it 5 epochs first).
 
@@ -16,7 +17,11 @@ Columns (mean ± sample std over seeds, after the last round):
     python experiments/personalized.py                      # the table: 2 data sets x 2 splits x 3 seeds
     python experiments/personalized.py --rounds 2 --seeds 0 --datasets digits   # a smoke test
 
-Writes ``table.md``, ``runs.csv`` and ``personal_acc.png`` under ``--out``.
+    python experiments/personalized.py --jobs 2             # on two processes
+
+Writes ``table.md``, ``runs.csv`` (a row per finished run, appended as each ends: a rerun with
+the same ``--out`` and ``--rounds`` runs only the missing ones) and ``personal_acc.png`` under
+``--out``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import csv
 import logging
 import math
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -50,6 +56,10 @@ METHODS: dict[str, tuple[str, list[str]]] = {
     "FedRoD": ("fedrod", []), "FedALA": ("fedala", []),
     "IFCA": ("ifca", []), "CFL": ("cfl", []),
 }  # fmt: skip
+#: local epochs where a method's one epoch of shared training is not the fit's whole length:
+#: FedRep trains its head 10 epochs, then the shared body 1 (its paper's schedule, its config's
+#: ``local_epochs: 11``); with ``local_epochs 1`` its body would see a tenth of an epoch
+EPOCHS = {"FedRep": 11}
 SPLITS = {
     "pathological": ["--data.partition", "pathological", "--data.classes_per_client", "2"],
     "dirichlet": ["--data.partition", "dirichlet", "--data.beta", "0.1"],
@@ -63,15 +73,33 @@ def fit(method: str, dataset: str, split: str, seed: int, rounds: int, run_dir: 
     setting = [
         "--data.dataset", dataset, *SPLITS[split], "--data.num_clients", "20",
         "--data.client_test_fraction", "0.25", "--loop.clients_per_round", "10",
-        "--loop.local_epochs", "1", "--loop.rounds", str(rounds), "--loop.eval_every",
+        "--loop.local_epochs", str(EPOCHS.get(method, 1)), "--loop.rounds", str(rounds),
+        "--loop.eval_every",
         str(rounds), "--loop.seed", str(seed), "--loop.run_dir", str(run_dir),
         "--loop.progress_bar", "false", "--loop.plots", "false", "--loop.num_threads", "1",
     ]  # fmt: skip
     sys.argv = ["fedlightning"]
     cli(["fit", "-c", str(CONFIGS / f"{config}.yaml"), *setting, *extra])
+    if not (run_dir / "metrics.csv").exists():  # its one evaluated round (the last) was skipped
+        return dict.fromkeys(KEYS, math.nan)  # its model went non-finite: a "diverged" cell
     with open(run_dir / "metrics.csv") as handle:
-        row = list(csv.DictReader(handle))[-1]
-    return {k: float(row[k]) if row.get(k) else math.nan for k in KEYS}
+        rows = list(csv.DictReader(handle))
+    if not rows or int(rows[-1]["round"]) != rounds:
+        return dict.fromkeys(KEYS, math.nan)
+    return {k: float(rows[-1][k]) if rows[-1].get(k) else math.nan for k in KEYS}
+
+
+def _cell(values: list[float]) -> str:
+    """A cell over seeds; a run that logged no accuracy after the last round (its last round
+    skipped: a non-finite model) is counted, never averaged in."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not values:
+        return "-"
+    if not finite:
+        return f"diverged ({len(values)} of {len(values)})"
+    if len(finite) < len(values):
+        return f"{mean_std(finite)} ({len(values) - len(finite)} of {len(values)} diverged)"
+    return mean_std(finite)
 
 
 def table(rows: list[dict], args: argparse.Namespace) -> list[str]:
@@ -85,8 +113,7 @@ def table(rows: list[dict], args: argparse.Namespace) -> list[str]:
             for key in KEYS:
                 values = [r[key] for r in rows if (r["method"], r["dataset"], r["split"]) ==
                           (method, dataset, split)]  # fmt: skip
-                finite = [v for v in values if math.isfinite(v)]
-                cells.append(mean_std(finite) if finite and len(finite) == len(values) else "-")
+                cells.append(_cell(values))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 
@@ -118,9 +145,28 @@ def figure(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
     plt.close(fig)
 
 
+def _run(cell: tuple[str, str, str, int, int, str]) -> dict:
+    """One cell of the table in a fresh run directory (a worker process's task)."""
+    method, dataset, split, seed, rounds, tmp = cell
+    logging.getLogger("fedlightning").setLevel(logging.ERROR)
+    run_dir = Path(tmp) / f"{dataset}-{split}-{method}-{seed}"
+    result = fit(method, dataset, split, seed, rounds, run_dir)
+    return {"method": method, "dataset": dataset, "split": split, "seed": seed, **result}
+
+
+def _read(path: Path, rounds: int) -> list[dict]:
+    """The cells ``runs.csv`` already holds at ``rounds`` rounds (a rerun skips them)."""
+    if not path.exists():
+        return []
+    with open(path) as handle:
+        rows = [r for r in csv.DictReader(handle) if int(r["rounds"]) == rounds]
+    return [{**r, "seed": int(r["seed"]), **{k: float(r[k]) for k in KEYS}} for r in rows]
+
+
 def main(argv: list[str] | None = None) -> str:
     """Run the table (or the smaller run ``argv`` asks for); print it, write it and the figure
-    under ``--out``, and return its text."""
+    under ``--out``, and return its text. Each finished cell is appended to ``runs.csv`` at once,
+    and a rerun with the same ``--out`` and ``--rounds`` runs only the cells it lacks."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--rounds", type=int, default=TABLE_ROUNDS)
@@ -129,33 +175,47 @@ def main(argv: list[str] | None = None) -> str:
                         choices=["digits", "mnist5k"])  # fmt: skip
     parser.add_argument("--splits", nargs="+", default=list(SPLITS), choices=list(SPLITS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (one thread each)")
     parser.add_argument("--out", type=Path, default=Path("runs/personalized"))
     args = parser.parse_args(argv)
     logging.getLogger("fedlightning").setLevel(logging.ERROR)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows, started = [], time.perf_counter()
+    path = args.out / "runs.csv"
+    done = {(r["method"], r["dataset"], r["split"], r["seed"]) for r in _read(path, args.rounds)}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for dataset in args.datasets:
-            for split in args.splits:
-                for method in args.methods:
-                    for seed in args.seeds:
-                        run_dir = Path(tmp) / f"{dataset}-{split}-{method}-{seed}"
-                        result = fit(method, dataset, split, seed, args.rounds, run_dir)
-                        rows.append({"method": method, "dataset": dataset, "split": split,
-                                     "seed": seed, **result})  # fmt: skip
-                        print(f"{dataset} {split} {method} seed {seed}: " + ", ".join(
-                            f"{k} {v:.4f}" for k, v in result.items()), flush=True)  # fmt: skip
+        todo = [(method, dataset, split, seed, args.rounds, tmp)
+                for dataset in args.datasets for split in args.splits
+                for method in args.methods for seed in args.seeds
+                if (method, dataset, split, seed) not in done]  # fmt: skip
+        fresh = not path.exists()
+        with open(path, "a", newline="") as handle:
+            writer = csv.DictWriter(
+                handle, fieldnames=["method", "dataset", "split", "seed", "rounds", *KEYS]
+            )
+            if fresh:
+                writer.writeheader()
+            if args.jobs > 1:
+                pool = multiprocessing.get_context("spawn").Pool(args.jobs)
+                results = pool.imap_unordered(_run, todo)
+            else:
+                pool, results = None, map(_run, todo)
+            for row in results:
+                writer.writerow({**row, "rounds": args.rounds})
+                handle.flush()
+                print(f"{row['dataset']} {row['split']} {row['method']} seed {row['seed']}: "
+                      + ", ".join(f"{k} {row[k]:.4f}" for k in KEYS), flush=True)  # fmt: skip
+            if pool is not None:
+                pool.close()
+                pool.join()
+    rows = [r for r in _read(path, args.rounds) if r["seed"] in args.seeds]
     title = (f"\n20 clients (a quarter of each one's samples its test split), 10 a round, one "
              f"local epoch, {args.rounds} rounds; accuracy in %, {over_seeds(args.seeds)}; "
-             f"{time.perf_counter() - started:.0f} s in all\n")  # fmt: skip
+             f"{len(todo)} run(s) now, {time.perf_counter() - started:.0f} s\n")  # fmt: skip
     smoke = smoke_test_line(args.rounds, TABLE_ROUNDS)
     text = "\n".join([title, *table(rows, args), *([f"\n{smoke}"] if smoke else [])])
     print(text)
     (args.out / "table.md").write_text(text + "\n")
-    with open(args.out / "runs.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["method", "dataset", "split", "seed", *KEYS])
-        writer.writeheader()
-        writer.writerows(rows)
     figure(rows, args, args.out / "personal_acc.png")
     return text
 

@@ -80,17 +80,38 @@ def cli():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """A local Ray instance of 2 CPUs for a test module's Ray runs (skipped without Ray); its
-    actors import the plug-ins of tests/user_clients.py as a user's installed module."""
+    """The local Ray instance of 2 CPUs this test process shares between its Ray tests (skipped
+    without Ray): started by the first module that asks, kept for the next ones (a start costs
+    about 30 s on 2 cores), shut down at the session's end or by :func:`without_ray`. Its actors
+    import the plug-ins of tests/user_clients.py as a user's installed module. A run's RayBackend
+    joins it and leaves it running (it shuts down only a Ray instance it started)."""
     ray = pytest.importorskip("ray")
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), saved]))
-    try:  # the local cluster's processes inherit the environment of ray.init
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
+    if not ray.is_initialized():
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(Path(__file__).parent), saved])
+        )
+        try:  # the local cluster's processes inherit the environment of ray.init
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
     yield
-    ray.shutdown()
+
+
+@pytest.fixture
+def without_ray():
+    """No Ray connection in this process (the shared :func:`local_ray` shut down, the next module
+    that asks starts another): for tests of how a run starts and stops a Ray instance itself."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The shared Ray instance (:func:`local_ray`) ends with the test process's session."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

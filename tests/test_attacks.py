@@ -223,18 +223,13 @@ def test_upload_attacks_are_applied_identically_on_every_backend(attack, tmp_pat
 @pytest.mark.slow  # Ray's start-up and actors: about half a minute
 @pytest.mark.parametrize("attack", [LabelFlip(fraction=0.3), GaussianNoise(fraction=0.3)],
                          ids=lambda a: type(a).__name__)  # fmt: skip
-def test_attacks_give_the_same_bits_on_ray(attack, tmp_path):
+def test_attacks_give_the_same_bits_on_ray(attack, tmp_path, local_ray):
     """A Ray actor gets the data module pickled and the fit config from start(): it flips the
     same labels as a sequential fit, and the upload attacks run on the server either way."""
-    ray = pytest.importorskip("ray")
     from fedlightning.backends import RayBackend
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        sequential, _ = _global(tmp_path / "seq", attack, SequentialBackend())
-        on_ray, _ = _global(tmp_path / "ray", attack, RayBackend(num_workers=2))
-    finally:
-        ray.shutdown()
+    sequential, _ = _global(tmp_path / "seq", attack, SequentialBackend())
+    on_ray, _ = _global(tmp_path / "ray", attack, RayBackend(num_workers=2))
     assert all(torch.equal(on_ray[k], v) for k, v in sequential.items())
 
 

@@ -3,6 +3,7 @@ figure objects, ``fedlightning plot``'s label, legend and size options, vector o
 CoFED's bars and the CKA panels' tick labels."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,6 +79,21 @@ def test_a_named_data_set_is_titled_by_its_name_not_huggingface(tmp_path):
 )  # fmt: skip
 def test_the_algorithm_is_named_by_objective_and_aggregator(model, aggregator, name):
     assert algorithm_name(model, aggregator) == name
+
+
+def test_an_asynchronous_server_names_the_run():
+    """A FedBuff or FedAsync run is titled by its asynchronous server, not by the FedAvg
+    aggregator it applies (configs/fedbuff.yaml; docs section 6.4); other components name
+    nothing."""
+    for config, name in (("fedbuff", "FedBuff"), ("fedasync", "FedAsync")):
+        text = (Path(__file__).resolve().parents[1] / "configs" / f"{config}.yaml").read_text()
+        assert describe(__import__("yaml").safe_load(text)).algorithm == name
+    buff = [{"class_path": "fedlightning.asynchronous.FedBuff"}]
+    meter = [{"class_path": "my.UpdateNormMeter"}]
+    prox = {"class_path": "fedlightning.clients.FedProx"}
+    assert algorithm_name(prox, None, buff) == "FedProx + FedBuff"
+    assert algorithm_name(None, "fedlightning.server.FedAdam", buff) == "FedBuff + FedAdam"
+    assert algorithm_name(prox, None, meter) == "FedProx"
 
 
 def test_epsilon_is_labelled_with_its_delta_and_bytes_in_megabytes(tmp_path):

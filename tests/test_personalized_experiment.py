@@ -1,6 +1,6 @@
 """experiments/personalized.py (issue 39 item 4) end to end at its smallest size: its runs are
 the shipped configs through ``fit``, its table cells are the runs' logged numbers, and a
-run shorter than the table's says it is a smoke test."""
+run shorter than the table's says it is a smoke test; a rerun skips the runs it has."""
 
 import csv
 import sys
@@ -17,9 +17,9 @@ def test_the_table_is_the_runs_numbers(monkeypatch, tmp_path):
     sys.modules.pop("personalized", None)
     import personalized
 
-    text = personalized.main(["--rounds", "1", "--seeds", "0", "--datasets", "digits",
-                              "--splits", "pathological", "--methods", "FedAvg-FT", "Ditto",
-                              "--out", str(tmp_path)])  # fmt: skip
+    argv = ["--rounds", "1", "--seeds", "0", "--datasets", "digits", "--splits", "pathological",
+            "--methods", "FedAvg-FT", "Ditto", "--out", str(tmp_path)]  # fmt: skip
+    text = personalized.main(argv)
     with open(tmp_path / "runs.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert [r["method"] for r in rows] == ["FedAvg-FT", "Ditto"]
@@ -29,3 +29,7 @@ def test_the_table_is_the_runs_numbers(monkeypatch, tmp_path):
     assert "SMOKE TEST: 1 of the table's 30 rounds." in text
     assert (tmp_path / "personal_acc.png").stat().st_size > 0
     assert (tmp_path / "table.md").read_text().strip() == text.strip()
+    # a rerun into the same folder runs nothing and prints the same table
+    again = personalized.main(argv)
+    assert "0 run(s) now" in again
+    assert again.split("s\n", 1)[1] == text.split("s\n", 1)[1]

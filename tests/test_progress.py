@@ -50,8 +50,7 @@ def test_the_cohort_reports_its_clients_when_their_fit_ends(tmp_path, events):
 
 
 @pytest.mark.slow  # Ray's start-up
-def test_ray_reports_each_client_as_its_actor_finishes(tmp_path, events):
-    pytest.importorskip("ray")
+def test_ray_reports_each_client_as_its_actor_finishes(tmp_path, events, local_ray):
     loop = synthetic_run(
         ClientModule(**SYNTHETIC), rounds=2, tmp_path=tmp_path, plots=False,
         backend=RayBackend(num_workers=2),

@@ -17,15 +17,9 @@ from objective_helpers import SYNTHETIC, synthetic_run
 
 ray = pytest.importorskip("ray")
 
-# Ray start-up and its actors take about 45 s for the module; `make test-all` runs it
+# its actors (and Ray's start-up unless a module before started the shared instance); `make test-all`
+# runs it
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_cli_ray_run_writes_the_same_global_model_as_sequential(local_ray, tmp_path):

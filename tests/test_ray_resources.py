@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # starts a local Ray instance (tens of seconds he
     [("num_gpus_per_client", "1", "GPU"), ("num_cpus_per_client", "64", "CPU")],
 )
 def test_an_unschedulable_ray_request_fails_fast_naming_the_resource(
-    cli, tmp_path, capsys, option, value, resource
+    cli, tmp_path, capsys, option, value, resource, without_ray
 ):
     if resource == "GPU" and __import__("torch").cuda.is_available():
         pytest.skip("this machine has a GPU")

@@ -96,6 +96,11 @@ SHORTEN = {
     # `--loop.rounds` (README, *Running*): the configs' 30 and 60 rounds teach nothing more here
     "fedlightning fit --config configs/fedavg.yaml": "--loop.rounds 4",
     "fedlightning fit --config configs/fedcross.yaml": "--loop.rounds 4",
+    "fedlightning fit -c configs/fedavg.yaml": "--loop.rounds 4",
+    "fedlightning fit -c configs/fedper.yaml": "--loop.rounds 4",
+    # 60 server updates each; tests/test_config_accuracy.py runs both configs whole
+    "fedlightning fit --config configs/fedbuff.yaml": "--loop.rounds 10",
+    "fedlightning fit --config configs/fedasync.yaml": "--loop.rounds 10",
     "fedlightning fit -c configs/quickstart.yaml --loop.backend RayBackend": "--loop.rounds 3",
     # 30 rounds at about 10 s a round on one machine (README: Flower's per-round cost)
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend": "--loop.rounds 2",

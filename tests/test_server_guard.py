@@ -125,6 +125,24 @@ def test_a_non_finite_test_loss_fails_the_round_and_is_not_logged(tmp_path):
         assert torch.equal(saved[key], value), key
 
 
+def test_a_run_whose_one_evaluated_round_is_skipped_says_its_model_is_unscored(tmp_path, capsys):
+    """``eval_every`` = rounds and the last round skipped: no row is logged, and the closing line
+    says so (it printed nothing before) and how to score the saved (restored) model."""
+    model = ClientModule(**dict(SYNTHETIC, network="resnet14", in_channels=1, image_size=8,
+                                network_kwargs={"width": 4, "stem": "small"}))  # fmt: skip
+    data = FederatedDataModule(dataset="synthetic", num_samples=160, num_test=40, num_classes=3,
+                               sample_shape=(1, 8, 8), num_clients=4, partition="iid")  # fmt: skip
+    loop = FederatedLoop(rounds=2, clients_per_round=2, aggregator=NegativeVariance(),
+                         eval_every=2, run_dir=str(tmp_path), progress_bar=False,
+                         plots=False)  # fmt: skip
+    loop.fit(model, datamodule=data)
+    assert loop.history == [] and loop.summary.rounds_skipped == 1
+    (done,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("done:")]
+    assert done.startswith("done: 2 round(s), no test accuracy logged (no round was evaluated ")
+    assert done.endswith(f"`fedlightning test {tmp_path}` scores the saved model")
+    assert (tmp_path / "global.pt").is_file()
+
+
 class NaNGlobal(FedAvg):
     """A finite server state whose deployable global model is not finite."""
 

@@ -153,10 +153,11 @@ def test_a_signalled_process_stops_cleanly_and_resumes_bitwise(cli, tmp_path, ar
 
 @pytest.mark.slow  # Ray's start-up, then a resume on Ray and a straight sequential run
 @pytest.mark.parametrize(("name", "group"), [("TERM", False), ("INT", True)])
-def test_a_signalled_ray_run_stops_cleanly_and_resumes(cli, tmp_path, name, group):
+def test_a_signalled_ray_run_stops_cleanly_and_resumes(cli, tmp_path, name, group, local_ray):
     """``ray.init`` installs a SIGTERM handler that calls sys.exit(15): the run's own handler is
-    put back. Ctrl-C at a terminal reaches Ray's processes too (the whole process group)."""
-    pytest.importorskip("ray")
+    put back. Ctrl-C at a terminal reaches Ray's processes too (the whole process group). The
+    signalled run starts a Ray instance of its own; the resume, in this process, joins the
+    test process's shared one."""
     run_dir = tmp_path / "run"
     ray_args = ("--loop.backend", "RayBackend", "--loop.backend.num_workers", "2")
     process = _start("fit", "--config", str(CONF), "--loop.rounds", "400",

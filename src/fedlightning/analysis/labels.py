@@ -100,19 +100,31 @@ class RunDescription:
         return ", ".join(part for part in (self.data, self.partition, self.clients) if part)
 
 
+#: the package of the asynchronous servers (docs/algorithms.md section 6.4), round components
+ASYNCHRONOUS = "fedlightning.asynchronous."
+
+
 def _class_name(node: Any, default: str) -> str:
     if isinstance(node, dict) and "class_path" in node:
         return str(node["class_path"]).rsplit(".", 1)[-1]
     return default if node is None else str(node).rsplit(".", 1)[-1]
 
 
-def algorithm_name(model: Any, aggregator: Any) -> str:
-    """The algorithm a client objective and an aggregator make: the objective's name where the
-    server averages (``FedProx``, ``MOON``, ``FML``), the aggregator's where the clients are plain
-    (``FedAvgM``, ``FedCross``, ``InCo``), one name where they pair (``ScaffoldClient`` with
-    ``Scaffold``: ``Scaffold``), both otherwise (``FedProx + FedAvgM``)."""
+def algorithm_name(model: Any, aggregator: Any, components: Any = None) -> str:
+    """The algorithm a client objective, an aggregator and the round components make: the
+    objective's name where the server averages (``FedProx``, ``MOON``, ``FML``), the aggregator's
+    where the clients are plain (``FedAvgM``, ``FedCross``, ``InCo``), one name where they pair
+    (``ScaffoldClient`` with ``Scaffold``: ``Scaffold``), both otherwise (``FedProx + FedAvgM``).
+    An asynchronous server among the components (``fedlightning.asynchronous``: FedBuff,
+    FedAsync) is the server: ``FedBuff``, ``FedProx + FedBuff``, ``FedBuff + FedAdam``."""
     objective = _class_name(model, "ClientModule")
     server = _class_name(aggregator, "FedAvg")
+    asynchronous = [
+        _class_name(c, "") for c in components or ()
+        if isinstance(c, dict) and str(c.get("class_path", "")).startswith(ASYNCHRONOUS)
+    ]  # fmt: skip
+    if asynchronous:
+        server = asynchronous[0] if server == "FedAvg" else f"{asynchronous[0]} + {server}"
     if objective == "ClientModule":
         return server
     short = objective.removesuffix("Client")
@@ -151,7 +163,9 @@ def describe(config: dict[str, Any]) -> RunDescription:
         data = data["init_args"] or {}
     clients = data.get("num_clients")
     return RunDescription(
-        algorithm=algorithm_name(config.get("model"), loop.get("aggregator")),
+        algorithm=algorithm_name(
+            config.get("model"), loop.get("aggregator"), loop.get("components")
+        ),
         data=_data_name(data),
         partition=_partition_name(data),
         clients=f"{clients} clients" if isinstance(clients, int) else "",

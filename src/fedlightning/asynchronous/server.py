@@ -59,7 +59,8 @@ class AsyncServer(RoundComponent):
     or :class:`~fedlightning.asynchronous.FedAsync`.
 
     Args:
-        concurrency: the most fits in flight at once.
+        concurrency: the most fits in flight at once (it, not ``loop.clients_per_round``, which
+            an asynchronous run does not read, bounds how many clients train together).
         system: the clients' speeds, links, availability and dropouts (default
             ``SystemModel()``); a synchronous round's ``deadline`` and ``keep`` are refused.
     """

@@ -237,10 +237,21 @@ class Reporter:
     def done(
         self, metrics: Mapping[str, float], rounds: int, elapsed: float, note: str = ""
     ) -> None:
-        """The closing line: ``done: round R/R, <headline><note>, <time>; run directory ...``."""
+        """The closing line: ``done: round R/R, <headline><note>, <time>; run directory ...``;
+        a run whose last logged row has no test accuracy (its one evaluated round was skipped:
+        nothing scored the saved model) says so in the same line."""
         if "test_acc" in metrics:
             scored = headline(metrics, self.scored) or f"test_acc {metrics['test_acc']:.4f}"
             self._line(
                 f"done: round {metrics['round']}/{rounds}, {scored}"
                 f"{note}, {elapsed:.1f} s; run directory {self.run_dir}"
+            )
+        else:
+            last = (
+                f"round {metrics['round']} was the last" if "round" in metrics else "no round was"
+            )
+            self._line(
+                f"done: {rounds} round(s), no test accuracy logged ({last} evaluated and "
+                f"logged; a skipped round is not){note}, {elapsed:.1f} s; "
+                f"`fedlightning test {self.run_dir}` scores the saved model"
             )
