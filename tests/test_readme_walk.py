@@ -93,6 +93,8 @@ SHORTEN = {
     "python experiments/cofed.py": "--seeds 1",
     "python experiments/hetero.py": "--rounds 3 --seeds 0",
     "python experiments/time_effects.py": "--quick",
+    "python experiments/personalized.py": "--rounds 1 --seeds 0 --datasets digits --splits "
+    "pathological --methods FedAvg-FT Ditto",
     # `--loop.rounds` (README, *Running*): the configs' 30 and 60 rounds teach nothing more here
     "fedlightning fit --config configs/fedavg.yaml": "--loop.rounds 4",
     "fedlightning fit --config configs/fedcross.yaml": "--loop.rounds 4",
