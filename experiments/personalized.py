@@ -80,11 +80,9 @@ def fit(method: str, dataset: str, split: str, seed: int, rounds: int, run_dir: 
     ]  # fmt: skip
     sys.argv = ["fedlightning"]
     cli(["fit", "-c", str(CONFIGS / f"{config}.yaml"), *setting, *extra])
-    if not (run_dir / "metrics.csv").exists():  # its one evaluated round (the last) was skipped
-        return dict.fromkeys(KEYS, math.nan)  # its model went non-finite: a "diverged" cell
-    with open(run_dir / "metrics.csv") as handle:
-        rows = list(csv.DictReader(handle))
-    if not rows or int(rows[-1]["round"]) != rounds:
+    metrics = run_dir / "metrics.csv"  # absent when its one evaluated round (the last) was skipped
+    rows = list(csv.DictReader(metrics.read_text().splitlines())) if metrics.exists() else []
+    if not rows or int(rows[-1]["round"]) != rounds:  # its model went non-finite: "diverged"
         return dict.fromkeys(KEYS, math.nan)
     return {k: float(rows[-1][k]) if rows[-1].get(k) else math.nan for k in KEYS}
 
