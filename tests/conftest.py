@@ -13,7 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
+import heaviest_first
 from fedlightning.cli import main
+
+
+def pytest_addoption(parser):
+    heaviest_first.add_options(parser)
+
+
+def pytest_configure(config):
+    heaviest_first.configure(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    heaviest_first.modify(config, items)
 
 
 @pytest.fixture(autouse=True)

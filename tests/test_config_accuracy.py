@@ -50,9 +50,13 @@ PINNED = torch.backends.cpu.get_cpu_capability() == CAPABILITY
 
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory):
-    """The selected configs' runs, two at a time (each on one thread: the machine's two cores),
-    each started when the test before it starts: ``runs(config) -> (run_dir, status, stderr,
-    CPU seconds)``."""
+    """The selected configs' runs, each on one thread: ``runs(config) -> (run_dir, status,
+    stderr, CPU seconds)``. Where this process runs the whole module, two at a time (the machine's
+    two cores), each started when the test before it starts; where xdist hands the tests out one
+    by one (``--dist loadgroup``, CI's slow stage: xdist sets ``loadgroup`` on its workers), one
+    at a time, its own: the next config may be another process's, and the processes are the
+    parallelism."""
+    whole_module = not getattr(request.config.option, "loadgroup", False)
     selected = [
         item.callspec.params["config"] for item in request.session.items
         if item.originalname == "test_config_reaches_its_stated_accuracy"
@@ -70,7 +74,7 @@ def runs(request, tmp_path_factory):
     def get(config: Path) -> tuple[Path, int, str, float]:
         submit(config)
         index = selected.index(config) if config in selected else -1
-        if 0 <= index < len(selected) - 1:
+        if whole_module and 0 <= index < len(selected) - 1:
             submit(selected[index + 1])  # the next runs beside this one
         run_dir, future = futures[config]
         return (run_dir, *future.result())

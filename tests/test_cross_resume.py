@@ -14,8 +14,11 @@ slow stage), while the CLI's wiring is checked on every config as the resumed an
 one.
 """
 
+import fcntl
 import re
+import shutil
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -49,12 +52,26 @@ def _fit(config: Path, run_dir: Path, rounds: int, *extra: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
-    """Each config's checkpoint after one round."""
-    root = tmp_path_factory.mktemp("cross")
-    for config in CONFIGS:
-        _fit(config, root / config.stem, 1)
-    return {config.stem: root / config.stem / "last.ckpt" for config in CONFIGS}
+def fitted(tmp_path_factory, worker_id) -> Callable[[Path], Path]:
+    """``fitted(config)``: the config's checkpoint after one round, fitted once in the whole
+    session. CI's slow stage hands this module's tests to several xdist processes one by one, so
+    the runs live in a folder all of them share, each fitted under a lock by the first process
+    that needs it (xdist's recipe for work done once per session)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "cross-resume"
+    root.mkdir(exist_ok=True)
+
+    def get(config: Path) -> Path:
+        run_dir = root / config.stem
+        with open(root / f"{config.stem}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not (run_dir / "fitted").exists():
+                shutil.rmtree(run_dir, ignore_errors=True)  # a fit that failed half-way
+                _fit(config, run_dir, 1)
+                (run_dir / "fitted").touch()
+        return run_dir / "last.ckpt"
+
+    return get
 
 
 @cache
@@ -63,25 +80,23 @@ def _identity(checkpoint: Path) -> dict:
 
 
 def _predicted(checkpoint: Path, resumer: Path) -> str | None:
-    """The line a resume of ``checkpoint`` under ``resumer``'s config prints (``None``: it
-    resumes), from the two checkpoints' identities."""
-    current = _identity(checkpoint.parent.parent / resumer.stem / "last.ckpt")
+    """The line a resume of ``checkpoint`` under the config whose checkpoint is ``resumer``
+    prints (``None``: it resumes), from the two checkpoints' identities."""
     try:
-        compare_identity(str(checkpoint), _identity(checkpoint), current)
+        compare_identity(str(checkpoint), _identity(checkpoint), _identity(resumer))
     except ConfigurationError as refusal:
         return str(refusal)
     return None
 
 
-def test_no_two_shipped_configs_resume_each_other_unless_they_are_the_same_run(
-    checkpoints, tmp_path
-):
+def test_no_two_shipped_configs_resume_each_other_unless_they_are_the_same_run(fitted, tmp_path):
+    checkpoints = {config.stem: fitted(config) for config in CONFIGS}
     same_run = []
     for first in CONFIGS:
         for second in CONFIGS:
             if first == second:
                 continue
-            line = _predicted(checkpoints[first.stem], second)
+            line = _predicted(checkpoints[first.stem], checkpoints[second.stem])
             if line is None:
                 same_run.append((first, second))
                 continue
@@ -96,11 +111,11 @@ def test_no_two_shipped_configs_resume_each_other_unless_they_are_the_same_run(
 
 @pytest.mark.parametrize(("first", "second"), RING, ids=[f"{a.stem}->{b.stem}" for a, b in RING])
 def test_a_checkpoint_resumed_under_another_config_prints_the_predicted_line(
-    checkpoints, tmp_path, capsys, first, second
+    fitted, tmp_path, capsys, first, second
 ):
-    checkpoint = checkpoints[first.stem]
+    checkpoint = fitted(first)
     before = checkpoint.read_bytes()
-    predicted = _predicted(checkpoint, second)
+    predicted = _predicted(checkpoint, fitted(second))
     capsys.readouterr()
     if predicted is None:
         pytest.skip(f"{first.stem} and {second.stem} are the same run (checked bitwise above)")

@@ -80,6 +80,8 @@ SKIP = {
     "for one round and one repeat",
     ".venv/bin/python benchmarks/defaults.py": "a benchmark; tests/test_startup_bench.py runs it "
     "on the quickstart for one round and one repeat",
+    "python experiments/time_effects.py": "its `--quick` smoke test is what this walk would run; "
+    "tests/test_time_effects_experiment.py runs that and checks both of its tables",
     "fedlightning fit --config configs/quickstart.yaml --loop.backend FlowerBackend "
     "--loop.backend.init_args.address 127.0.0.1:8000 --loop.backend.init_args.insecure true "
     "--loop.backend.init_args.secure_aggregation true": "needs the SuperLink and the two "
@@ -92,7 +94,6 @@ SHORTEN = {
     "python experiments/fedcross.py": "--rounds 2 --seeds 1 --no-ablation",
     "python experiments/cofed.py": "--seeds 1",
     "python experiments/hetero.py": "--rounds 3 --seeds 0",
-    "python experiments/time_effects.py": "--quick",
     "python experiments/personalized.py": "--rounds 1 --seeds 0 --datasets digits --splits "
     "pathological --methods FedAvg-FT Ditto",
     # `--loop.rounds` (README, *Running*): the configs' 30 and 60 rounds teach nothing more here
