@@ -27,6 +27,7 @@ the same ``--out`` and ``--rounds`` runs only the missing ones) and ``personal_a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import logging
 import math
@@ -157,7 +158,11 @@ def _run(cell: tuple[str, str, str, int, int, str]) -> dict:
     run_dir = Path(tmp) / f"{dataset}-{split}-{method}-{seed}"
     try:
         result = fit(method, dataset, split, seed, rounds, run_dir)
-    except SystemExit as stop:  # a run the CLI refused or failed: stop the table, never hang a pool
+    except SystemExit as stop:
+        if stop.code not in (1, 2):  # a signal's exit (130, 143): this process ends with it
+            raise
+        # a run the CLI failed (1) or refused (2): the table stops with it, in a pool too (a
+        # worker's SystemExit would leave the pool waiting for its result)
         raise RuntimeError(f"{method} on {dataset} {split} seed {seed}: exit {stop.code}") from None
     return {"method": method, "dataset": dataset, "split": split, "seed": seed, **result}
 
@@ -203,19 +208,15 @@ def main(argv: list[str] | None = None) -> str:
             )
             if fresh:
                 writer.writeheader()
-            if args.jobs > 1:
-                pool = multiprocessing.get_context("spawn").Pool(args.jobs)
-                results = pool.imap_unordered(_run, todo)
-            else:
-                pool, results = None, map(_run, todo)
-            for row in results:
-                writer.writerow({**row, "rounds": args.rounds})
-                handle.flush()
-                print(f"{row['dataset']} {row['split']} {row['method']} seed {row['seed']}: "
-                      + ", ".join(f"{k} {row[k]:.4f}" for k in KEYS), flush=True)  # fmt: skip
-            if pool is not None:
-                pool.close()
-                pool.join()
+            # a pool's workers end with it, a failed run's too (its exit leaves the others' folders)
+            pool = multiprocessing.get_context("spawn").Pool(args.jobs) if args.jobs > 1 else None
+            with pool or contextlib.nullcontext():
+                results = pool.imap_unordered(_run, todo) if pool else map(_run, todo)
+                for row in results:
+                    writer.writerow({**row, "rounds": args.rounds})
+                    handle.flush()
+                    print(f"{row['dataset']} {row['split']} {row['method']} seed {row['seed']}: "
+                          + ", ".join(f"{k} {row[k]:.4f}" for k in KEYS), flush=True)  # fmt: skip
     rows = [r for r in _read(path, args.rounds) if r["seed"] in args.seeds]
     title = (f"\n20 clients (a quarter of each one's samples its test split), 10 a round, one "
              f"local epoch, {args.rounds} rounds; accuracy in %, {over_seeds(args.seeds)}; "

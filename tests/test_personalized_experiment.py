@@ -33,3 +33,29 @@ def test_the_table_is_the_runs_numbers(monkeypatch, tmp_path):
     again = personalized.main(argv)
     assert "0 run(s) now" in again
     assert again.split("s\n", 1)[1] == text.split("s\n", 1)[1]
+
+
+def test_a_failed_run_stops_the_table_and_a_signal_stops_the_process(monkeypatch, tmp_path):
+    """A run the CLI fails (exit 1) or refuses (exit 2) becomes an error the table stops on, in a
+    pool's worker too (a worker's SystemExit would leave the pool waiting for its result); a
+    signal's exit (143: SIGTERM) is not caught: the process ends with it."""
+    monkeypatch.syspath_prepend(str(EXPERIMENTS))
+    sys.modules.pop("personalized", None)
+    import personalized
+
+    cell = ("FedBN", "mnist5k", "dirichlet", 2, 30, str(tmp_path))
+    for code in (1, 2, 143):
+
+        def exits(*args, code=code):
+            raise SystemExit(code)
+
+        monkeypatch.setattr(personalized, "fit", exits)
+        if code == 143:
+            with pytest.raises(SystemExit) as stopped:
+                personalized._run(cell)
+            assert stopped.value.code == 143
+        else:
+            with pytest.raises(
+                RuntimeError, match=f"FedBN on mnist5k dirichlet seed 2: exit {code}"
+            ):
+                personalized._run(cell)
