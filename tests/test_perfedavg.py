@@ -108,3 +108,17 @@ def test_bad_options_are_refused_in_one_line(kwargs, message):
     with pytest.raises(ConfigurationError, match=message) as error:
         PerFedAvg(network="mlp", **kwargs)
     assert "\n" not in str(error.value)
+
+
+def test_a_batch_of_one_sample_is_refused_naming_the_options_that_avoid_it():
+    """A client's last batch of one sample (a Dirichlet client of mnist5k has one at batches of
+    20) cannot be split into D and D': the refusal names both options that prevent it, the
+    batch size and the minimum batch a smaller last one joins."""
+    client = PerFedAvg(network=nn.Linear(3, 2).double(), num_classes=2, lr=0.1, momentum=0.0)
+    w = {"weight": t(0.1, 0.2, -0.3, 0.4, 0.0, 0.5).reshape(2, 3), "bias": t(0.05, -0.05)}
+    client.begin_client(0, Payload(w), {})
+    x, y = BATCHES[0]
+    with pytest.raises(ConfigurationError, match="a batch has 1 sample") as refused:
+        client.local_loss((x[:1], y[:1]))
+    assert "data.batch_size and data.min_batch_size to 2 or more" in str(refused.value)
+    client.local_loss((x[:2], y[:2])).backward()  # two samples: one in each half

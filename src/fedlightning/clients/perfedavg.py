@@ -74,7 +74,8 @@ class PerFedAvg(ClientModule):
         if len(y) < 2:
             raise ConfigurationError(
                 f"PerFedAvg splits each batch into two halves, and a batch has {len(y)} sample: "
-                "use data.batch_size >= 2"
+                "set data.batch_size and data.min_batch_size to 2 or more (a client's last batch "
+                "of one sample then joins the one before it)"
             )
         (x1, x2), (y1, y2) = x.tensor_split(2), y.tensor_split(2)
         params = [p for p in self.network.parameters() if p.requires_grad]
