@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from fedlightning import FederatedDataModule
 from fedlightning.cli import main
@@ -94,6 +95,31 @@ def test_check_batches_refuses_a_batch_of_one_for_batchnorm_only():
     with pytest.raises(ConfigurationError, match="data.min_batch_size=2 with loop.dp_sgd"):
         check_batches(create_model("mlp", 3, 3, 8), _bn_data(min_batch_size=2),
                       FitConfig(dp_sgd={"noise_multiplier": 1.0}))  # fmt: skip
+
+
+class _NeedsThree(nn.Linear):
+    """A plug-in objective's declaration (``ClientModule.min_batch_samples``) on a bare module."""
+
+    min_batch_samples = (3, "it compares each sample with two others")
+
+
+def test_an_objective_declares_the_fewest_samples_its_batches_need():
+    """33 samples in batches of 32 leave a last batch of 1: a declared need of 3 refuses it
+    naming the reason and the minimum that joins it to the batch before; a batch size below the
+    need names the batch size; batches of 16 + 17 pass; DP-SGD's Poisson batches are refused."""
+    model = _NeedsThree(4, 3)
+    with pytest.raises(ConfigurationError) as refused:
+        check_batches(model, _bn_data(), FitConfig())
+    assert str(refused.value) == (
+        "client 0 has 33 training samples: data.batch_size=32 leaves it a last batch of 1 sample "
+        "(and 3 other client(s)), and it compares each sample with two others; set "
+        "data.min_batch_size to 3 or more (a smaller last batch joins the one before it)"
+    )
+    with pytest.raises(ConfigurationError, match=r"data.batch_size=2 .* data.batch_size >= 3"):
+        check_batches(model, _bn_data(batch_size=2), FitConfig())
+    check_batches(model, _bn_data(batch_size=16, min_batch_size=3), FitConfig())
+    with pytest.raises(ConfigurationError, match="Poisson sample, of any size down to 0, and it"):
+        check_batches(model, _bn_data(), FitConfig(dp_sgd={"noise_multiplier": 1.0}))
 
 
 BN_RUN = [

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedlightning import FederatedLoop
+from fedlightning import FederatedDataModule, FederatedLoop
 from fedlightning.backends import CohortBackend
 from fedlightning.clients import PerFedAvg
 from fedlightning.errors import ConfigurationError
@@ -122,3 +122,33 @@ def test_a_batch_of_one_sample_is_refused_naming_the_options_that_avoid_it():
         client.local_loss((x[:1], y[:1]))
     assert "data.batch_size and data.min_batch_size to 2 or more" in str(refused.value)
     client.local_loss((x[:2], y[:2])).backward()  # two samples: one in each half
+
+
+def test_a_run_with_a_batch_of_one_sample_is_refused_before_training(tmp_path):
+    """Per-FedAvg declares its two halves (``min_batch_samples``): a run whose client would train
+    on a last batch of one sample is refused at start-up, in one line naming the client, the
+    reason and data.min_batch_size, and writes nothing; with the minimum at 2 it trains."""
+
+    def data(**kwargs):
+        return FederatedDataModule(
+            dataset="synthetic", num_samples=176, num_test=40, num_classes=3,
+            sample_shape=(3, 2, 2), num_clients=4, partition="iid", val_fraction=0.0,
+            client_test_fraction=0.25, **kwargs,
+        )  # fmt: skip
+
+    def loop(name):
+        return FederatedLoop(rounds=1, clients_per_round=2, run_dir=str(tmp_path / name),
+                             progress_bar=False, plots=False)  # fmt: skip
+
+    objective = PerFedAvg(network="mlp", num_classes=3, in_channels=3, image_size=2)
+    with pytest.raises(ConfigurationError) as refused:
+        loop("refused").fit(objective, datamodule=data())
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        "client 2 has 33 training samples: data.batch_size=32 leaves it a last batch of 1 sample,"
+    )
+    assert "PerFedAvg splits each training batch into two halves D and D'" in message
+    assert "set data.min_batch_size to 2 or more" in message
+    assert not (tmp_path / "refused" / "metrics.csv").exists()
+    loop("trained").fit(objective, datamodule=data(min_batch_size=2))
+    assert (tmp_path / "trained" / "metrics.csv").is_file()

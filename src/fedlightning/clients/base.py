@@ -88,6 +88,9 @@ class ClientModule(EvaluationHooks, pl.LightningModule):
     capabilities: ClassVar[frozenset[str]] = frozenset()
     #: Lightning precisions this objective can train with (``None``: any), checked at start-up
     supported_precisions: ClassVar[frozenset[str] | None] = None
+    #: the fewest samples a training batch of this objective may hold, and why (Per-FedAvg's
+    #: two halves), refused at start-up as BatchNorm's two are (docs section 4.1); 1: any batch
+    min_batch_samples: ClassVar[tuple[int, str]] = (1, "")
     #: The base class's own bookkeeping, never round context: the cohort backend stacks per
     #: client the tensors and frozen modules of every other attribute (besides those of a bare
     #: LightningModule). The round's inputs (properties ``client_id``, ``payload``, ``state``:

@@ -49,6 +49,10 @@ class PerFedAvg(ClientModule):
     """
 
     personalized: ClassVar[bool] = True
+    min_batch_samples: ClassVar[tuple[int, str]] = (
+        2,
+        "PerFedAvg splits each training batch into two halves D and D'",
+    )
 
     def __init__(
         self, alpha: float = 0.01, variant: Variant = "hf", delta: float = 0.001, **kwargs: Any
@@ -71,7 +75,7 @@ class PerFedAvg(ClientModule):
         """``<w, d>`` with ``d`` detached (its gradient is the direction ``d``); tracks
         ``train_loss``, the meta-objective ``f(w_tmp; D')``."""
         x, y = batch
-        if len(y) < 2:
+        if len(y) < 2:  # a run is refused at start-up (min_batch_samples); a direct call here
             raise ConfigurationError(
                 f"PerFedAvg splits each batch into two halves, and a batch has {len(y)} sample: "
                 "set data.batch_size and data.min_batch_size to 2 or more (a client's last batch "

@@ -1,4 +1,5 @@
-"""Start-up check of the clients' training batches against the objective's BatchNorm layers
+"""Start-up check of the clients' training batches against what the objective's fits need: two
+samples or more for a BatchNorm layer, and an objective's own ``min_batch_samples``
 (docs/algorithms.md section 4.1).
 
 BatchNorm in training mode normalises each channel by the batch's own mean and variance. A batch
@@ -8,7 +9,9 @@ running statistics, which evaluation uses, move towards them. A run whose fits w
 batch to a BatchNorm network is refused in one line before anything is trained, on every backend
 alike (the batches are the data module's: :func:`fedlightning.data.loader.batch_sizes`, which the
 sequential fit iterates and the cohort stacks), naming the client and ``data.min_batch_size``,
-which joins a small trailing batch to the one before it.
+which joins a small trailing batch to the one before it. An objective that needs more samples a
+batch declares it (``ClientModule.min_batch_samples``: Per-FedAvg splits each batch into two
+halves) and is refused the same way.
 """
 
 from __future__ import annotations
@@ -45,10 +48,24 @@ def fit_batch_sizes(sizes: list[int], local_steps: int | None) -> list[int]:
     return [sizes[i % len(sizes)] for i in range(min(local_steps, len(sizes)))]
 
 
+def batch_requirement(model: nn.Module) -> tuple[int, str]:
+    """The fewest samples a training batch of ``model``'s fits may hold, and why: the objective's
+    ``min_batch_samples`` (Per-FedAvg: 2), and 2 where a BatchNorm layer trains (module
+    docstring); ``(1, "")`` where any batch will do."""
+    need, reason = getattr(model, "min_batch_samples", (1, ""))
+    layers = batchnorm_layers(model)
+    if layers and need < 2:
+        reason = f"BatchNorm in training mode ({layers[0]}) cannot normalise a batch of one sample"
+        need, reason = 2, reason + " (no spread across samples to estimate)"
+    return need, reason
+
+
 def check_batches(model: nn.Module, dm: FederatedDataModule, config: FitConfig) -> None:
     """Refuse, in one line, ``data.min_batch_size`` with DP-SGD (its batches are Poisson samples
-    of expected size ``batch_size``, counted by the accountant) and a client fit that would train
-    a BatchNorm layer of ``model`` on a batch of one sample (module docstring)."""
+    of expected size ``batch_size``, counted by the accountant), and a client fit that would train
+    on a batch smaller than :func:`batch_requirement` allows (a BatchNorm layer on one sample,
+    Per-FedAvg's two halves of one: module docstring)."""
+    need, reason = batch_requirement(model)
     if config.dp_sgd is not None:
         if dm.min_batch_size > 1:
             raise ConfigurationError(
@@ -56,39 +73,47 @@ def check_batches(model: nn.Module, dm: FederatedDataModule, config: FitConfig) 
                 "batch as a Poisson sample (its size is random, and the privacy accountant counts "
                 "ceil(n_i / batch_size) batches an epoch): leave data.min_batch_size at 1"
             )
+        if need > 1:
+            raise ConfigurationError(
+                f"loop.dp_sgd draws each batch as a Poisson sample, of any size down to 0, and "
+                f"{reason} (batches of {need} or more samples): train it without loop.dp_sgd"
+            )
         return
-    layers = batchnorm_layers(model)
-    if not layers:
+    if need <= 1:
         return
-    ones = [
+    short = [
         cid
         for cid in range(dm.num_clients)
-        if 1 in fit_batch_sizes(_sizes(dm, cid), config.local_steps)
+        if min(fit_batch_sizes(_sizes(dm, cid), config.local_steps), default=need) < need
     ]
-    if ones:
-        raise ConfigurationError(_one_sample(dm, ones, layers[0]))
+    if short:
+        raise ConfigurationError(_too_small(dm, short, need, reason))
 
 
 def _sizes(dm: FederatedDataModule, client_id: int) -> list[int]:
     return batch_sizes(dm.client_num_samples(client_id), dm.batch_size, dm.min_batch_size)
 
 
-def _one_sample(dm: FederatedDataModule, clients: list[int], layer: str) -> str:
+def _too_small(dm: FederatedDataModule, clients: list[int], need: int, reason: str) -> str:
     """The refusal: the first client, how many others, why, and what to change."""
     cid, n = clients[0], dm.client_num_samples(clients[0])
     others = f" (and {len(clients) - 1} other client(s))" if len(clients) > 1 else ""
-    if n == 1 or dm.batch_size == 1:
+    if n < need or dm.batch_size < need:
         cause = (
             f"client {cid} has {n} training sample(s) in batches of data.batch_size={dm.batch_size}"
         )
-        fix = "use data.batch_size >= 2 and give every client 2 or more samples (data.min_size)"
+        fix = (
+            f"use data.batch_size >= {need} and give every client {need} or more samples "
+            "(data.min_size)"
+        )
     else:
+        last = n % dm.batch_size
         cause = (
             f"client {cid} has {n} training samples: data.batch_size={dm.batch_size} leaves it a "
-            "last batch of 1 sample"
+            f"last batch of {last} sample{'s' if last > 1 else ''}"
         )
-        fix = "set data.min_batch_size to 2 or more (a smaller last batch joins the one before it)"
-    return (
-        f"{cause}{others}, and BatchNorm in training mode ({layer}) cannot normalise a batch of "
-        f"one sample (no spread across samples to estimate); {fix}"
-    )
+        fix = (
+            f"set data.min_batch_size to {need} or more (a smaller last batch joins the one "
+            "before it)"
+        )
+    return f"{cause}{others}, and {reason}; {fix}"
