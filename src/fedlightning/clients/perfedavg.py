@@ -75,7 +75,7 @@ class PerFedAvg(ClientModule):
         """``<w, d>`` with ``d`` detached (its gradient is the direction ``d``); tracks
         ``train_loss``, the meta-objective ``f(w_tmp; D')``."""
         x, y = batch
-        if len(y) < 2:  # a run is refused at start-up (min_batch_samples); a direct call here
+        if len(y) < 2:  # runs are refused at start-up (min_batch_samples): this guards direct calls
             raise ConfigurationError(
                 f"PerFedAvg splits each batch into two halves, and a batch has {len(y)} sample: "
                 "set data.batch_size and data.min_batch_size to 2 or more (a client's last batch "
