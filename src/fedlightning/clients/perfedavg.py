@@ -75,11 +75,12 @@ class PerFedAvg(ClientModule):
         """``<w, d>`` with ``d`` detached (its gradient is the direction ``d``); tracks
         ``train_loss``, the meta-objective ``f(w_tmp; D')``."""
         x, y = batch
-        if len(y) < 2:  # runs are refused at start-up (min_batch_samples): this guards direct calls
+        need, why = self.min_batch_samples  # runs are refused at start-up; this guards direct calls
+        if len(y) < need:
             raise ConfigurationError(
-                f"PerFedAvg splits each batch into two halves, and a batch has {len(y)} sample: "
-                "set data.batch_size and data.min_batch_size to 2 or more (a client's last batch "
-                "of one sample then joins the one before it)"
+                f"{why}, and a batch has {len(y)} sample: set data.batch_size and "
+                f"data.min_batch_size to {need} or more (a client's last batch of one sample then "
+                "joins the one before it)"
             )
         (x1, x2), (y1, y2) = x.tensor_split(2), y.tensor_split(2)
         params = [p for p in self.network.parameters() if p.requires_grad]
