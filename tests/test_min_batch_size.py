@@ -122,6 +122,16 @@ def test_an_objective_declares_the_fewest_samples_its_batches_need():
         check_batches(model, _bn_data(), FitConfig(dp_sgd={"noise_multiplier": 1.0}))
 
 
+@pytest.mark.parametrize("declared", [2, (0, "none"), (2,), ("2", "why"), (2.0, "why"), (2, None)])
+def test_a_malformed_declaration_is_refused_naming_the_attribute(declared):
+    model = type("Declares", (nn.Linear,), {"min_batch_samples": declared})(4, 3)
+    with pytest.raises(ConfigurationError) as refused:
+        check_batches(model, _bn_data(), FitConfig())
+    assert str(refused.value).startswith(
+        f"Declares.min_batch_samples={declared!r}: expected a pair"
+    )
+
+
 BN_RUN = [
     "--data.dataset", "synthetic", "--data.num_samples", "132", "--data.num_test", "40",
     "--data.num_classes", "3", "--data.sample_shape", "[3, 8, 8]", "--data.num_clients", "4",

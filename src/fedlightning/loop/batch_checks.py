@@ -52,7 +52,16 @@ def batch_requirement(model: nn.Module) -> tuple[int, str]:
     """The fewest samples a training batch of ``model``'s fits may hold, and why: the objective's
     ``min_batch_samples`` (Per-FedAvg: 2), and 2 where a BatchNorm layer trains (module
     docstring); ``(1, "")`` where any batch will do."""
-    need, reason = getattr(model, "min_batch_samples", (1, ""))
+    declared = getattr(model, "min_batch_samples", (1, ""))
+    if not (
+        isinstance(declared, tuple) and len(declared) == 2 and type(declared[0]) is int
+        and declared[0] >= 1 and isinstance(declared[1], str)
+    ):  # fmt: skip
+        raise ConfigurationError(
+            f"{type(model).__name__}.min_batch_samples={declared!r}: expected a pair (count >= 1, "
+            'reason), e.g. (2, "it splits each batch into two halves")'
+        )
+    need, reason = declared
     layers = batchnorm_layers(model)
     if layers and need < 2:
         reason = f"BatchNorm in training mode ({layers[0]}) cannot normalise a batch of one sample"
